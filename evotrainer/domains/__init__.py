@@ -1,0 +1,41 @@
+"""Domains by short name: `get_domain("math", levels=(0, 1))` builds the one a config names."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from evotrainer.domains.base import SPLITS, Domain, Task
+
+_REGISTRY: dict[str, Callable[..., Domain]] = {}
+
+
+def register(name: str, factory: Callable[..., Domain] | None = None):
+    """Register a domain class (or factory) under `name`; usable as a decorator."""
+
+    def add(f: Callable[..., Domain]) -> Callable[..., Domain]:
+        if name in _REGISTRY and _REGISTRY[name] is not f:
+            raise ValueError(f"domain {name!r} is already registered")
+        _REGISTRY[name] = f
+        return f
+
+    return add(factory) if factory is not None else add
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_domain(name: str, **options: Any) -> Domain:
+    """Build the domain registered as `name` with its options (TypeError names a bad option)."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown domain {name!r}; known: {', '.join(available())}") from None
+    return factory(**options)
+
+
+from evotrainer.domains.math import MathDomain  # noqa: E402  (registers after the registry exists)
+
+register("math", MathDomain)
+
+__all__ = ["SPLITS", "Domain", "Task", "MathDomain", "register", "available", "get_domain"]

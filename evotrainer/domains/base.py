@@ -1,0 +1,49 @@
+"""What a domain is: a source of tasks for the train and held-out splits plus a trusted verifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from evotrainer.api import Outcome
+
+SPLITS = ("train", "heldout")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem. `prompt` is the bare question; the harness's rollout.py template wraps it."""
+
+    task_id: str
+    domain: str
+    split: str
+    level: int
+    prompt: str
+    answer: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"task split {self.split!r} is not one of {', '.join(SPLITS)}")
+        object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
+
+
+@runtime_checkable
+class Domain(Protocol):
+    """A task source plus its trusted verifier. Harness code never reaches either."""
+
+    name: str
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        """n tasks of one split, deterministic for (split, n, seed) and the domain's options."""
+        ...
+
+    def check(self, task: Task, completion: str, truncated: bool) -> Outcome:
+        """The verified outcome of one completion. Must never raise on any string."""
+        ...
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")

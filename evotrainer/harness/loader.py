@@ -1,0 +1,476 @@
+"""Load a harness folder into validated hooks; any harness fault becomes a HarnessError.
+
+Harness code is untrusted. Every call into it goes through `_call` (an exception becomes a
+HarnessError naming the file and function) and every value it returns through a `validate_*`
+function, so the same checks can run in a sandboxed worker and again on the values it sends back.
+Each file is compiled and run as its own module under a unique name, so several harness versions
+can live side by side in one process, and no `__pycache__` is written into the harness repo.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import itertools
+import math
+import numbers
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+from jinja2 import StrictUndefined, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+
+from evotrainer.api import Rollout, TaskStats, Turn
+
+SPEC_FILE = "harness.yaml"
+# file -> the functions (or values) it must define
+CODE_FILES: dict[str, tuple[str, ...]] = {
+    "reward.py": ("reward",),
+    "filters.py": ("keep_rollout", "keep_group"),
+    "curriculum.py": ("weights",),
+    "rollout.py": ("PROMPT", "stop"),
+    "diagnostics.py": ("PROBES",),
+}
+HARNESS_FILES = (SPEC_FILE, *CODE_FILES)
+DIMENSIONS = ("result", "behaviour", "efficiency", "model_state")
+DIRECTIONS = ("above", "below")
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+class HarnessError(Exception):
+    """A harness fault. The message starts with the file (and function) at fault."""
+
+
+# ---------------------------------------------------------------- harness.yaml
+
+
+def _number(low: float, high: float = math.inf, low_open: bool = False) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, str):  # PyYAML reads `5e-5` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"must be a number, got {value!r}")
+        value = float(value)
+        too_low = value <= low if low_open else value < low
+        if not math.isfinite(value) or too_low or value > high:
+            bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+            raise ValueError(f"must be {bound}, got {value!r}")
+        return value
+
+    return check
+
+
+def _integer(low: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"must be an integer >= {low}, got {value!r}")
+        return value
+
+    return check
+
+
+def _choice(options: Sequence[str]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _scale_rewards(value: Any) -> str:
+    if isinstance(value, bool):  # TRL's legacy spelling
+        return "group" if value else "none"
+    return _choice(SCALE_REWARDS)(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {value!r}")
+    return value
+
+
+# The GRPO knobs a harness owns (names as in TRL's GRPOConfig, plus LoRA's rank/alpha/dropout).
+GRPO_KEYS: dict[str, Callable[[Any], Any]] = {
+    "num_generations": _integer(2),
+    "temperature": _number(0.0, low_open=True),
+    "top_p": _number(0.0, 1.0, low_open=True),
+    "top_k": _integer(0),
+    "min_p": _number(0.0, 1.0),
+    "repetition_penalty": _number(0.0, low_open=True),
+    "max_completion_length": _integer(1),
+    "loss_type": _choice(LOSS_TYPES),
+    "scale_rewards": _scale_rewards,
+    "mask_truncated_completions": _flag,
+    "beta": _number(0.0),
+    "epsilon": _number(0.0),
+    "epsilon_high": _number(0.0),
+    "num_iterations": _integer(1),
+    "learning_rate": _number(0.0, low_open=True),
+    "max_grad_norm": _number(0.0),
+    "warmup_ratio": _number(0.0, 1.0),
+    "lora_rank": _integer(1),
+    "lora_alpha": _integer(1),
+    "lora_dropout": _number(0.0, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class HarnessSpec:
+    """The parsed harness.yaml. `raw` keeps every top-level section, known or not."""
+
+    grpo: dict
+    reward_weights: dict[str, float]
+    raw: dict
+
+
+def parse_spec(text: str) -> HarnessSpec:
+    """Parse and validate harness.yaml text."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise HarnessError(f"{SPEC_FILE}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(raw, dict):
+        raise HarnessError(f"{SPEC_FILE}: expected a mapping with 'grpo' and 'reward_weights', got {type(raw).__name__}")
+    grpo_raw = raw.get("grpo", {})
+    if not isinstance(grpo_raw, dict):
+        raise HarnessError(f"{SPEC_FILE}: grpo must be a mapping, got {type(grpo_raw).__name__}")
+    unknown = sorted(str(k) for k in grpo_raw if k not in GRPO_KEYS)
+    if unknown:
+        raise HarnessError(
+            f"{SPEC_FILE}: unknown grpo key(s) {', '.join(unknown)}; known: {', '.join(GRPO_KEYS)}"
+        )
+    grpo = {}
+    for key, value in grpo_raw.items():
+        try:
+            grpo[key] = GRPO_KEYS[key](value)
+        except ValueError as exc:
+            raise HarnessError(f"{SPEC_FILE}: grpo.{key} {exc}") from None
+    weights_raw = raw.get("reward_weights", {})
+    if weights_raw is None:
+        weights_raw = {}
+    if not isinstance(weights_raw, dict):
+        raise HarnessError(f"{SPEC_FILE}: reward_weights must be a mapping, got {type(weights_raw).__name__}")
+    weights = {}
+    for key, value in weights_raw.items():
+        if not isinstance(key, str):
+            raise HarnessError(f"{SPEC_FILE}: reward_weights key {key!r} must be a string")
+        try:
+            weights[key] = _number(-math.inf)(value)
+        except ValueError as exc:
+            raise HarnessError(f"{SPEC_FILE}: reward_weights.{key} {exc}") from None
+    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw)
+
+
+# ---------------------------------------------------------------- return-value validators
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def validate_reward(value: Any) -> dict[str, float]:
+    where = "reward.py: reward()"
+    if not isinstance(value, dict):
+        raise HarnessError(f"{where} returned {type(value).__name__}, expected dict[str, float]")
+    out = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise HarnessError(f"{where} returned a {type(key).__name__} key {key!r}, expected str")
+        if not _real(item) or not math.isfinite(float(item)):
+            raise HarnessError(f"{where} returned {key!r}: {item!r}, expected a finite float")
+        out[key] = float(item)
+    return out
+
+
+def validate_bool(value: Any, where: str) -> bool:
+    """`where` is e.g. "filters.py: keep_rollout()". numpy's bool_ counts as a bool."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"):
+        return bool(value)
+    raise HarnessError(f"{where} returned {type(value).__name__}, expected bool")
+
+
+def validate_weights(value: Any, task_ids: Sequence[str]) -> dict[str, float]:
+    """One non-negative finite weight per task id; a task the curriculum leaves out weighs 1.0."""
+    where = "curriculum.py: weights()"
+    if not isinstance(value, dict):
+        raise HarnessError(f"{where} returned {type(value).__name__}, expected dict[str, float]")
+    known = set(task_ids)
+    out = {task_id: 1.0 for task_id in task_ids}
+    for key, item in value.items():
+        if key not in known:
+            raise HarnessError(f"{where} returned a weight for unknown task id {key!r}")
+        if not _real(item) or not math.isfinite(float(item)) or float(item) < 0:
+            raise HarnessError(f"{where} returned {key!r}: {item!r}, expected a finite float >= 0")
+        out[key] = float(item)
+    if out and not any(out.values()):
+        raise HarnessError(f"{where} gave every task weight 0")
+    return out
+
+
+def validate_stop(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise HarnessError(f"rollout.py: stop() returned {value!r}, expected a non-empty str or None")
+
+
+def validate_probe_value(value: Any, name: str) -> float:
+    if not _real(value) or not math.isfinite(float(value)):
+        raise HarnessError(f"diagnostics.py: probe {name}() returned {value!r}, expected a finite float")
+    return float(value)
+
+
+# ---------------------------------------------------------------- probes
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A diagnostic: fn(rollouts, rewards) -> float, alerting past warn/critical in `direction`."""
+
+    name: str
+    dimension: str
+    warn: float
+    critical: float
+    direction: str
+    fn: Callable[[Sequence[Rollout], Sequence[float]], float]
+
+    def evaluate(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float:
+        value = _call("diagnostics.py", f"probe {self.name}", self.fn, tuple(rollouts), tuple(rewards))
+        return validate_probe_value(value, self.name)
+
+    def level(self, value: float) -> str:
+        """"ok", "warn" or "critical" for a value of this probe."""
+        past = (lambda t: value > t) if self.direction == "above" else (lambda t: value < t)
+        return "critical" if past(self.critical) else "warn" if past(self.warn) else "ok"
+
+
+def validate_probes(value: Any) -> list[Probe]:
+    """PROBES: a list of dicts (or objects with the same attributes) -> Probe list."""
+    where = "diagnostics.py: PROBES"
+    if not isinstance(value, (list, tuple)):
+        raise HarnessError(f"{where} is {type(value).__name__}, expected a list of probes")
+    probes, names = [], set()
+    for i, item in enumerate(value):
+        get = item.get if isinstance(item, dict) else lambda k, it=item: getattr(it, k, None)
+        name = get("name")
+        label = f"{where}[{i}]" + (f" ({name})" if isinstance(name, str) else "")
+        if not isinstance(name, str) or not name:
+            raise HarnessError(f"{label}: name must be a non-empty string")
+        if name in names:
+            raise HarnessError(f"{label}: duplicate probe name")
+        names.add(name)
+        if get("dimension") not in DIMENSIONS:
+            raise HarnessError(f"{label}: dimension must be one of {', '.join(DIMENSIONS)}, got {get('dimension')!r}")
+        if get("direction") not in DIRECTIONS:
+            raise HarnessError(f"{label}: direction must be 'above' or 'below', got {get('direction')!r}")
+        if not callable(get("fn")):
+            raise HarnessError(f"{label}: fn must be callable(rollouts, rewards) -> float")
+        for key in ("warn", "critical"):
+            if not _real(get(key)) or not math.isfinite(float(get(key))):
+                raise HarnessError(f"{label}: {key} must be a finite number, got {get(key)!r}")
+        warn, critical = float(get("warn")), float(get("critical"))
+        if (critical < warn) if get("direction") == "above" else (critical > warn):
+            raise HarnessError(f"{label}: critical {critical:g} is milder than warn {warn:g}")
+        probes.append(Probe(name, get("dimension"), warn, critical, get("direction"), get("fn")))
+    return probes
+
+
+# ---------------------------------------------------------------- loading code
+
+
+def _call(filename: str, func: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call harness code; any exception (or sys.exit) becomes a HarnessError naming file and function."""
+    try:
+        return fn(*args)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- harness faults fail the harness, not the run
+        raise HarnessError(f"{filename}: {func}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def _allowed_import(module: str) -> bool:
+    top = module.split(".")[0]
+    if top == "evotrainer":
+        return module == "evotrainer.api"
+    return top == "numpy" or top in sys.stdlib_module_names
+
+
+def check_imports(source: str, filename: str) -> None:
+    """Reject imports beyond evotrainer.api, numpy and the standard library (static check only;
+    a sandboxed worker is what stops `__import__` tricks)."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except (SyntaxError, ValueError) as exc:
+        raise HarnessError(f"{filename}: syntax error{_line(exc)}: {_msg(exc)} ({_needs(filename)})") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise HarnessError(f"{filename}: relative import at line {node.lineno} is not allowed")
+            base = node.module or ""
+            names = [f"{base}.{a.name}" if base == "evotrainer" else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            if not _allowed_import(name):
+                raise HarnessError(
+                    f"{filename}: import of {name!r} at line {node.lineno} is not allowed "
+                    "(harness files import only evotrainer.api, numpy and the standard library)"
+                )
+
+
+def _line(exc: Exception) -> str:
+    lineno = getattr(exc, "lineno", None)
+    return f" at line {lineno}" if lineno else ""
+
+
+def _msg(exc: Exception) -> str:
+    return getattr(exc, "msg", None) or str(exc)
+
+
+def _needs(filename: str) -> str:
+    return "defines " + ", ".join(n if n.isupper() else f"{n}()" for n in CODE_FILES[filename])
+
+
+_module_ids = itertools.count()
+
+
+def _exec_module(filename: str, source: str, path: Path, version: str) -> ModuleType:
+    check_imports(source, filename)
+    try:
+        code = compile(source, str(path / filename), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        raise HarnessError(f"{filename}: syntax error{_line(exc)}: {_msg(exc)} ({_needs(filename)})") from None
+    name = f"_evoharness_{version}_{next(_module_ids)}_{filename[:-3]}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__file__ = str(path / filename)
+    # Registered while it runs (dataclasses look their module up); dropped after, so reloading
+    # many versions does not grow sys.modules.
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        raise HarnessError(
+            f"{filename}: loading the module ({_needs(filename)}) raised {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        sys.modules.pop(name, None)
+    return module
+
+
+def _attr(module: ModuleType, filename: str, name: str) -> Any:
+    if not hasattr(module, name):
+        what = name if name.isupper() else f"{name}()"
+        raise HarnessError(f"{filename}: {what} is not defined")
+    value = getattr(module, name)
+    if not name.isupper() and not callable(value):
+        raise HarnessError(f"{filename}: {name} is {type(value).__name__}, expected a function {name}()")
+    return value
+
+
+def harness_version(sources: Mapping[str, str]) -> str:
+    """sha256 of the harness files (names and contents), 12 hex chars."""
+    digest = hashlib.sha256()
+    for filename in HARNESS_FILES:
+        digest.update(filename.encode() + b"\0" + sources[filename].encode("utf-8") + b"\0")
+    return digest.hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- the harness
+
+
+class Harness:
+    """A loaded harness: validated calls into its reward, filters, curriculum, rollout rules and probes."""
+
+    def __init__(self, sources: Mapping[str, str], path: Path) -> None:
+        self.path = Path(path)
+        self.spec = parse_spec(sources[SPEC_FILE])
+        self.version = harness_version(sources)
+        modules = {f: _exec_module(f, sources[f], self.path, self.version) for f in CODE_FILES}
+        self._reward = _attr(modules["reward.py"], "reward.py", "reward")
+        self._keep_rollout = _attr(modules["filters.py"], "filters.py", "keep_rollout")
+        self._keep_group = _attr(modules["filters.py"], "filters.py", "keep_group")
+        self._weights = _attr(modules["curriculum.py"], "curriculum.py", "weights")
+        self._stop = _attr(modules["rollout.py"], "rollout.py", "stop")
+        prompt = _attr(modules["rollout.py"], "rollout.py", "PROMPT")
+        if not isinstance(prompt, str):
+            raise HarnessError(f"rollout.py: PROMPT is {type(prompt).__name__}, expected a Jinja template string")
+        try:
+            env = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+            self._template = env.from_string(prompt)
+        except TemplateError as exc:
+            raise HarnessError(f"rollout.py: PROMPT is not a valid Jinja template: {exc}") from None
+        self.prompt_source = prompt
+        self.probes: list[Probe] = validate_probes(_attr(modules["diagnostics.py"], "diagnostics.py", "PROBES"))
+
+    def __repr__(self) -> str:
+        return f"Harness({str(self.path)!r}, version={self.version!r})"
+
+    def reward(self, rollout: Rollout) -> dict[str, float]:
+        return validate_reward(_call("reward.py", "reward", self._reward, rollout))
+
+    def training_reward(self, components: Mapping[str, float]) -> float:
+        """The weighted sum of reward components; a component without a weight counts 1.0."""
+        weights = self.spec.reward_weights
+        return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
+
+    def keep_rollout(self, rollout: Rollout) -> bool:
+        value = _call("filters.py", "keep_rollout", self._keep_rollout, rollout)
+        return validate_bool(value, "filters.py: keep_rollout()")
+
+    def keep_group(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> bool:
+        value = _call("filters.py", "keep_group", self._keep_group, tuple(rollouts), tuple(rewards))
+        return validate_bool(value, "filters.py: keep_group()")
+
+    def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
+        stats = tuple(task_stats)
+        value = _call("curriculum.py", "weights", self._weights, stats)
+        return validate_weights(value, [s.task_id for s in stats])
+
+    def render_prompt(self, question: str, **extra: Any) -> str:
+        try:
+            return self._template.render(question=question, **extra)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001
+            raise HarnessError(f"rollout.py: rendering PROMPT raised {type(exc).__name__}: {exc}") from None
+
+    def stop(self, turns: Sequence[Turn]) -> str | None:
+        return validate_stop(_call("rollout.py", "stop", self._stop, tuple(turns)))
+
+    def probe_values(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+        """Every probe's value on one batch, by probe name."""
+        return {p.name: p.evaluate(rollouts, rewards) for p in self.probes}
+
+
+def read_sources(folder: Path | str) -> dict[str, str]:
+    """The harness files' texts from a folder (HarnessError for a missing folder or file)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HarnessError(f"{folder}: harness folder not found")
+    sources = {}
+    for filename in HARNESS_FILES:
+        file = folder / filename
+        needs = "GRPO knobs and reward weights" if filename == SPEC_FILE else _needs(filename)
+        if not file.is_file():
+            raise HarnessError(f"{filename}: file not found in {folder} ({needs})")
+        try:
+            sources[filename] = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HarnessError(f"{filename}: cannot read ({needs}): {exc}") from None
+    return sources
+
+
+def load_harness(folder: Path | str) -> Harness:
+    """Load and validate the harness in `folder`."""
+    return Harness(read_sources(folder), Path(folder))

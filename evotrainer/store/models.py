@@ -1,0 +1,127 @@
+"""SQLAlchemy ORM tables of the rollout store: runs, rounds, tasks, rollouts, evals."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    domain: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(32), default="running")
+
+
+class Round(Base):
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("run_id", "index", name="uq_round_run_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    harness_version: Mapped[str] = mapped_column(String(128))
+    model_version: Mapped[str] = mapped_column(String(128))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    adapter_path: Mapped[str | None] = mapped_column(String(1024))
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+    __table_args__ = (UniqueConstraint("domain", "task_id", name="uq_task_domain_task"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    domain: Mapped[str] = mapped_column(String(64))
+    task_id: Mapped[str] = mapped_column(String(256))
+    split: Mapped[str] = mapped_column(String(16))  # "train" | "heldout"
+    level: Mapped[int] = mapped_column(Integer, default=0)
+    prompt: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class RolloutRow(Base):
+    __tablename__ = "rollouts"
+    __table_args__ = (
+        Index("ix_rollouts_run_round", "run_id", "round_id"),
+        Index("ix_rollouts_domain", "domain"),
+        Index("ix_rollouts_task", "task_id"),
+        Index("ix_rollouts_group", "group_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    # Insert order, assigned by Store.add_rollouts: the key that iteration pages on, so exports
+    # and listings follow training order whatever the id scheme is.
+    seq: Mapped[int] = mapped_column(BigInteger, unique=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
+    step: Mapped[int | None] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(String(256))
+    group_id: Mapped[str] = mapped_column(String(256))
+    domain: Mapped[str] = mapped_column(String(64))
+    prompt: Mapped[str] = mapped_column(Text)
+    completion: Mapped[str] = mapped_column(Text)
+    turns: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    outcome_success: Mapped[bool] = mapped_column(Boolean)
+    outcome_score: Mapped[float] = mapped_column(Float)
+    outcome_kind: Mapped[str] = mapped_column(String(32))
+    outcome_flags: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    truncated: Mapped[bool] = mapped_column(Boolean)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reward_components: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reward: Mapped[float | None] = mapped_column(Float)
+    advantage: Mapped[float | None] = mapped_column(Float)
+    kept: Mapped[bool | None] = mapped_column(Boolean)
+    model_version: Mapped[str | None] = mapped_column(String(128))
+    seed: Mapped[int | None] = mapped_column(BigInteger)
+    harness_version: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Eval(Base):
+    __tablename__ = "evals"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
+    split: Mapped[str] = mapped_column(String(16))
+    adapter: Mapped[str | None] = mapped_column(String(1024))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)
+    successes: Mapped[int] = mapped_column(Integer)
+    success_rate: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+__all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "utcnow"]

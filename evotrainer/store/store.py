@@ -1,0 +1,371 @@
+"""The rollout store: runs, rounds, tasks, rollouts and evals behind one small SQL API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from sqlalchemy import Select, case, create_engine, event, func, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.store.models import Base, Eval, RolloutRow, Round, Run, Task, utcnow
+
+# Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
+_IN_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class StoredRollout:
+    """An api.Rollout plus the training-side fields the store keeps next to it."""
+
+    rollout: Rollout
+    reward_components: dict[str, float] = field(default_factory=dict)
+    reward: float | None = None
+    advantage: float | None = None
+    kept: bool | None = None
+    model_version: str | None = None
+    seed: int | None = None
+    harness_version: str | None = None
+    run_id: int | None = None
+    round_id: int | None = None
+    step: int | None = None
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def _setup_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+        cur = dbapi_conn.cursor()
+        # WAL lets the CLI read while the trainer writes; a killed process loses no commit.
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+
+def _float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _to_row(sr: StoredRollout) -> RolloutRow:
+    r = sr.rollout
+    if "train" in r.meta:
+        # meta["train"] carries the training fields in JSONL; a rollout's own key would be lost.
+        raise ValueError(f"rollout {r.id!r}: meta key 'train' is reserved for the store")
+    return RolloutRow(
+        id=r.id, run_id=sr.run_id, round_id=sr.round_id, step=sr.step,
+        task_id=r.task_id, group_id=r.group_id, domain=r.domain,
+        prompt=r.prompt, completion=r.completion,
+        turns=[{"role": t.role, "content": t.content} for t in r.turns],
+        outcome_success=r.outcome.success, outcome_score=r.outcome.score,
+        outcome_kind=r.outcome.kind, outcome_flags=list(r.outcome.flags),
+        num_tokens=r.num_tokens, truncated=r.truncated, meta=dict(r.meta),
+        # Floats throughout, so an int from the trainer exports the same as it re-imports.
+        reward_components={k: float(v) for k, v in sr.reward_components.items()},
+        reward=_float(sr.reward), advantage=_float(sr.advantage),
+        kept=sr.kept, model_version=sr.model_version, seed=sr.seed,
+        harness_version=sr.harness_version,
+    )
+
+
+def _from_row(row: RolloutRow) -> StoredRollout:
+    rollout = Rollout(
+        id=row.id, task_id=row.task_id, group_id=row.group_id, domain=row.domain,
+        prompt=row.prompt, completion=row.completion,
+        turns=tuple(Turn(t["role"], t["content"]) for t in row.turns or ()),
+        outcome=Outcome(row.outcome_success, row.outcome_score, row.outcome_kind,
+                        tuple(row.outcome_flags or ())),
+        num_tokens=row.num_tokens, truncated=row.truncated, meta=row.meta or {},
+    )
+    return StoredRollout(
+        rollout=rollout, reward_components=dict(row.reward_components or {}),
+        reward=row.reward, advantage=row.advantage, kept=row.kept,
+        model_version=row.model_version, seed=row.seed, harness_version=row.harness_version,
+        run_id=row.run_id, round_id=row.round_id, step=row.step,
+    )
+
+
+class Store:
+    """All persistence of evotrainer. Each call opens and closes its own short session."""
+
+    def __init__(self, url: str):
+        self.url = url
+        parsed = make_url(url)
+        kwargs: dict[str, Any] = {}
+        is_sqlite = parsed.get_backend_name() == "sqlite"
+        if is_sqlite and parsed.database in (None, "", ":memory:"):
+            # One shared connection, or every session would see its own empty in-memory db.
+            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif is_sqlite:
+            kwargs.update(connect_args={"timeout": 30})
+        self.engine = create_engine(url, **kwargs)
+        if is_sqlite:
+            _setup_sqlite(self.engine)
+        Base.metadata.create_all(self.engine)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, workdir: Path, url: str | None = None) -> "Store":
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return cls(url or f"sqlite:///{(workdir / 'store.db').resolve()}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs and rounds -------------------------------------------------------------------
+
+    def get_or_create_run(self, name: str, domain: str, config: dict) -> int:
+        with self._session.begin() as s:
+            run = s.scalar(select(Run).where(Run.name == name))
+            if run is None:
+                run = Run(name=name, domain=domain, config=config, status="running")
+                s.add(run)
+            elif run.domain != domain:
+                raise ValueError(f"run {name!r} exists for domain {run.domain!r}, not {domain!r}")
+            else:
+                run.config = config
+            s.flush()
+            return run.id
+
+    def run_id(self, name: str) -> int | None:
+        with self._session() as s:
+            return s.scalar(select(Run.id).where(Run.name == name))
+
+    def set_run_status(self, run_id: int, status: str) -> None:
+        with self._session.begin() as s:
+            self._get(s, Run, run_id).status = status
+
+    def start_round(self, run_id: int, index: int, harness_version: str, model_version: str) -> int:
+        with self._session.begin() as s:
+            existing = s.scalar(select(Round.id).where(Round.run_id == run_id, Round.index == index))
+            if existing is not None:
+                return existing  # resuming a round that was started before a crash
+            rnd = Round(run_id=run_id, index=index, harness_version=harness_version,
+                        model_version=model_version)
+            s.add(rnd)
+            s.flush()
+            return rnd.id
+
+    def finish_round(self, round_id: int, metrics: dict, adapter_path: str | None) -> None:
+        with self._session.begin() as s:
+            rnd = self._get(s, Round, round_id)
+            rnd.finished_at, rnd.metrics, rnd.adapter_path = utcnow(), metrics, adapter_path
+
+    def last_finished_round(self, run_id: int) -> tuple[int, str | None] | None:
+        with self._session() as s:
+            row = s.execute(
+                select(Round.index, Round.adapter_path)
+                .where(Round.run_id == run_id, Round.finished_at.is_not(None))
+                .order_by(Round.index.desc()).limit(1)
+            ).first()
+            return (row.index, row.adapter_path) if row else None
+
+    def rounds(self, run_id: int) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.index))
+            return [
+                {"id": r.id, "index": r.index, "harness_version": r.harness_version,
+                 "model_version": r.model_version, "started_at": r.started_at.isoformat(),
+                 "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+                 "metrics": r.metrics, "adapter_path": r.adapter_path}
+                for r in rows
+            ]
+
+    # -- tasks ------------------------------------------------------------------------------
+
+    def upsert_tasks(self, domain: str, tasks: Iterable[dict]) -> None:
+        with self._session.begin() as s:
+            for chunk in _chunks(tasks, _IN_CHUNK):
+                by_id = {t["task_id"]: t for t in chunk}  # a later duplicate wins
+                existing = {
+                    t.task_id: t for t in s.scalars(
+                        select(Task).where(Task.domain == domain, Task.task_id.in_(list(by_id))))
+                }
+                for task_id, t in by_id.items():
+                    row = existing.get(task_id) or Task(domain=domain, task_id=task_id)
+                    row.split, row.level = t["split"], int(t.get("level", 0))
+                    row.prompt, row.answer = t["prompt"], t["answer"]
+                    row.meta = dict(t.get("meta") or {})
+                    if task_id not in existing:
+                        s.add(row)
+
+    def task_stats(self, domain: str, run_id: int | None = None) -> list[TaskStats]:
+        """Attempts and verified successes per task, for every task stored or attempted.
+
+        Known tasks that were never attempted are included with zero attempts, so a curriculum
+        can see them. meta carries `level` and `split` from the task table when the task is known.
+        """
+        successes = func.sum(case((RolloutRow.outcome_success, 1), else_=0))
+        query = (select(RolloutRow.task_id, func.count(), successes)
+                 .where(RolloutRow.domain == domain).group_by(RolloutRow.task_id))
+        if run_id is not None:
+            query = query.where(RolloutRow.run_id == run_id)
+        with self._session() as s:
+            counts = {tid: (n, int(k or 0)) for tid, n, k in s.execute(query)}
+            known = {t.task_id: {"level": t.level, "split": t.split}
+                     for t in s.execute(select(Task.task_id, Task.level, Task.split)
+                                        .where(Task.domain == domain))}
+        return [
+            TaskStats(tid, *counts.get(tid, (0, 0)), meta=known.get(tid, {}))
+            for tid in sorted(set(counts) | set(known))
+        ]
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def add_rollouts(self, rows: Iterable[StoredRollout], batch_size: int = 1000) -> int:
+        """Insert rollouts in one transaction, committed before returning; returns the count.
+
+        Accepts any iterable, so a large import streams through in batches yet stays atomic.
+        """
+        n = 0
+        with self._session.begin() as s:
+            # One writer (the trainer) is assumed: max+1 keeps seq portable across backends.
+            seq = s.scalar(select(func.max(RolloutRow.seq))) or 0
+            for batch in _chunks(rows, batch_size):
+                objs = []
+                for sr in batch:
+                    seq += 1
+                    row = _to_row(sr)
+                    row.seq = seq
+                    objs.append(row)
+                s.add_all(objs)
+                s.flush()
+                s.expunge_all()  # keep memory bounded on big imports
+                n += len(objs)
+        return n
+
+    def get_rollout(self, rollout_id: str) -> StoredRollout | None:
+        """The rollout with this id, or with this unique id prefix; ValueError if ambiguous."""
+        with self._session() as s:
+            row = s.get(RolloutRow, rollout_id)
+            if row is None:
+                rows = s.scalars(select(RolloutRow)
+                                 .where(RolloutRow.id.startswith(rollout_id, autoescape=True))
+                                 .order_by(RolloutRow.seq).limit(2)).all()
+                if len(rows) > 1:
+                    raise ValueError(f"rollout id prefix {rollout_id!r} is ambiguous")
+                row = rows[0] if rows else None
+            return _from_row(row) if row else None
+
+    def existing_ids(self, ids: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        with self._session() as s:
+            for chunk in _chunks(ids, _IN_CHUNK):
+                found.update(s.scalars(select(RolloutRow.id).where(RolloutRow.id.in_(chunk))))
+        return found
+
+    def iter_rollouts(self, *, run_id: int | None = None, round_index: int | None = None,
+                      domain: str | None = None, ids: Iterable[str] | None = None,
+                      kind: str | None = None, limit: int | None = None,
+                      chunk_size: int = 2000) -> Iterator[StoredRollout]:
+        """Stream matching rollouts in insert order, one short session per page.
+
+        Pages by keyset on `seq` (not OFFSET), so memory stays at one page and late pages cost
+        the same as early ones. With `ids`, their seqs are looked up first in bounded IN chunks.
+        """
+        base = self._filtered(select(RolloutRow), run_id, round_index, domain, kind)
+        seq_pages = (self._seq_pages(ids, run_id, round_index, domain, kind, chunk_size)
+                     if ids is not None else None)
+        remaining, last = limit, 0
+        while remaining is None or remaining > 0:
+            size = chunk_size if remaining is None else min(chunk_size, remaining)
+            query = base.where(RolloutRow.seq > last).order_by(RolloutRow.seq).limit(size)
+            if seq_pages is not None:
+                page = next(seq_pages, None)
+                if page is None:
+                    return
+                query = query.where(RolloutRow.seq.in_(page))
+            with self._session() as s:
+                rows = s.scalars(query).all()
+                batch = [_from_row(r) for r in rows]
+            if rows:
+                last = rows[-1].seq
+            yield from batch  # outside the session: a slow consumer holds no transaction open
+            if remaining is not None:
+                remaining -= len(batch)
+            if seq_pages is None and len(rows) < size:
+                return
+
+    def count_rollouts(self, *, run_id: int | None = None, round_index: int | None = None,
+                       domain: str | None = None, ids: Iterable[str] | None = None,
+                       kind: str | None = None) -> int:
+        query = self._filtered(select(func.count()).select_from(RolloutRow),
+                               run_id, round_index, domain, kind)
+        with self._session() as s:
+            if ids is None:
+                return s.scalar(query) or 0
+            return sum(s.scalar(query.where(RolloutRow.id.in_(chunk))) or 0
+                       for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK))
+
+    def _filtered(self, query: Select, run_id: int | None, round_index: int | None,
+                  domain: str | None, kind: str | None) -> Select:
+        if run_id is not None:
+            query = query.where(RolloutRow.run_id == run_id)
+        if round_index is not None:
+            rounds = select(Round.id).where(Round.index == round_index)
+            if run_id is not None:
+                rounds = rounds.where(Round.run_id == run_id)
+            query = query.where(RolloutRow.round_id.in_(rounds))
+        if domain is not None:
+            query = query.where(RolloutRow.domain == domain)
+        if kind is not None:
+            query = query.where(RolloutRow.outcome_kind == kind)
+        return query
+
+    def _seq_pages(self, ids: Iterable[str], run_id: int | None, round_index: int | None,
+                   domain: str | None, kind: str | None, chunk_size: int) -> Iterator[list[int]]:
+        seqs: list[int] = []
+        query = self._filtered(select(RolloutRow.seq), run_id, round_index, domain, kind)
+        with self._session() as s:
+            for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK):
+                seqs.extend(s.scalars(query.where(RolloutRow.id.in_(chunk))))
+        seqs.sort()
+        yield from _chunks(seqs, min(chunk_size, _IN_CHUNK))
+
+    # -- evals ------------------------------------------------------------------------------
+
+    def add_eval(self, run_id: int, round_id: int | None, split: str, adapter: str | None,
+                 seed: int, n: int, successes: int, details: dict) -> int:
+        with self._session.begin() as s:
+            ev = Eval(run_id=run_id, round_id=round_id, split=split, adapter=adapter, seed=seed,
+                      n=n, successes=successes, success_rate=successes / n if n else 0.0,
+                      details=details)
+            s.add(ev)
+            s.flush()
+            return ev.id
+
+    def evals(self, run_id: int) -> list[dict[str, Any]]:
+        query = (select(Eval, Round.index).outerjoin(Round, Eval.round_id == Round.id)
+                 .where(Eval.run_id == run_id).order_by(Eval.id))
+        with self._session() as s:
+            return [
+                {"id": e.id, "run_id": e.run_id, "round_id": e.round_id, "round_index": idx,
+                 "split": e.split, "adapter": e.adapter, "seed": e.seed, "n": e.n,
+                 "successes": e.successes, "success_rate": e.success_rate,
+                 "created_at": e.created_at.isoformat(), "details": e.details}
+                for e, idx in s.execute(query)
+            ]
+
+    @staticmethod
+    def _get(s: Session, model: type, pk: int) -> Any:
+        obj = s.get(model, pk)
+        if obj is None:
+            raise KeyError(f"no {model.__tablename__} row with id {pk}")
+        return obj

@@ -1,0 +1,47 @@
+"""TRL's GRPOTrainer with harness filters applied at the narrowest hook.
+
+TRL has no dynamic sampling. We override `_generate_and_score_completions` (TRL 1.16; the
+pinned range in pyproject.toml): after TRL has generated, scored and computed group advantages,
+the harness filters decide which rollouts train. Filtered rollouts get their loss mask zeroed
+and the token normaliser is recomputed. Simplification: a filtered group is not replaced by a
+fresh one (true dynamic sampling would resample to refill the batch), so the batch shrinks.
+"""
+
+from __future__ import annotations
+
+import torch
+from trl import GRPOTrainer
+
+from evotrainer.train.recorder import RolloutRecorder
+
+
+class HarnessGRPOTrainer(GRPOTrainer):
+    def __init__(self, *args, recorder: RolloutRecorder, **kwargs):
+        super().__init__(*args, reward_funcs=[recorder], **kwargs)
+        self.recorder = recorder
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return output
+        advantages = output["advantages"]
+        kept = self.recorder.finalize(advantages.tolist(), self.num_generations)
+        keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)
+        output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).int()
+        output["advantages"] = advantages * keep
+        loss_mask = output["completion_mask"]
+        if output.get("tool_mask") is not None:
+            loss_mask = loss_mask * output["tool_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._log_batch_metrics(kept)
+        return output
+
+    def _log_batch_metrics(self, kept: list[bool]) -> None:
+        rows = self.recorder.last_batch
+        metrics = self._metrics["train"]
+        metrics["harness/kept_ratio"].append(sum(kept) / max(len(kept), 1))
+        metrics["verified/success"].append(sum(r.rollout.outcome.success for r in rows) / len(rows))
+        names = sorted({k for r in rows for k in r.reward_components})
+        for name in names:
+            values = [r.reward_components.get(name, 0.0) for r in rows]
+            metrics[f"harness/{name}"].append(sum(values) / len(values))

@@ -1,0 +1,213 @@
+"""The inner loop: rounds of TRL GRPO + LoRA under a harness, every rollout stored, held-out
+evaluated after every round, adapters saved per round, resumable from the store.
+
+Each round builds a fresh GRPOTrainer over the same PEFT model, so the harness's curriculum
+re-weights task sampling at round boundaries (the segment is the round). Simplification: the
+optimizer state is not carried across rounds; each round starts AdamW afresh.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from evotrainer.api import TaskStats
+from evotrainer.config import Config
+from evotrainer.domains import get_domain
+from evotrainer.domains.base import Task
+from evotrainer.harness.loader import Harness, load_harness
+from evotrainer.policy import adapter_version, load_policy
+from evotrainer.store import Store
+from evotrainer.train.evaluate import EvalResult, evaluate
+
+
+@dataclass
+class RoundSummary:
+    index: int
+    heldout_success: float
+    train_reward: float
+    train_success: float
+    step_time: float
+    adapter: str
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Session:
+    """Everything a round needs, prepared once per command."""
+
+    config: Config
+    workdir: Path
+    store: Store
+    harness: Harness
+    domain: object
+    train_tasks: list[Task]
+    heldout: dict[int, list[Task]]
+    run_id: int
+    console: Console
+
+    @property
+    def grpo(self) -> dict:
+        return self.harness.spec.grpo
+
+
+def open_session(config: Config, workdir: Path, console: Console | None = None,
+                 harness: Harness | None = None) -> Session:
+    console = console or Console(stderr=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    store = Store.open(workdir, config.store.url)
+    harness = harness or load_harness(config.harness_dir())
+    d = config.domain
+    domain = get_domain(d.name, levels=tuple(d.levels), source=d.source)
+    train_tasks = domain.tasks("train", d.train_size, d.seed)
+    heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
+    store.upsert_tasks(d.name, [_task_row(t) for t in train_tasks])
+    store.upsert_tasks(d.name, [_task_row(t) for ts in heldout.values() for t in ts])
+    run_id = store.get_or_create_run(config.run_name, d.name, config.model_dump(mode="json"))
+    return Session(config, workdir, store, harness, domain, train_tasks, heldout, run_id, console)
+
+
+def _task_row(t: Task) -> dict:
+    return {"task_id": t.task_id, "split": t.split, "level": t.level, "prompt": t.prompt,
+            "answer": t.answer, "meta": dict(t.meta)}
+
+
+def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
+                     adapter: str | None) -> list[EvalResult]:
+    results = []
+    max_new = session.config.eval.max_new_tokens or session.grpo["max_completion_length"]
+    for seed, tasks in session.heldout.items():
+        r = evaluate(model, tokenizer, session.domain, session.harness, tasks, seed=seed,
+                     max_new_tokens=max_new, batch_size=session.config.eval.batch_size)
+        session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n,
+                               r.successes, {"kinds": dict(r.kinds)})
+        results.append(r)
+    return results
+
+
+def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
+    """Draw the round's prompts with the harness curriculum's weights over per-task history."""
+    stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
+    task_stats = [
+        stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
+        for t in session.train_tasks
+    ]
+    weights = session.harness.weights(task_stats)
+    w = [weights.get(t.task_id, 0.0) for t in session.train_tasks]
+    if sum(w) <= 0:
+        raise RuntimeError("curriculum.py: weights() gave every train task weight 0")
+    return random.Random(seed).choices(session.train_tasks, weights=w, k=n)
+
+
+def build_peft(model, grpo: dict):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        return model
+    lora = LoraConfig(r=int(grpo.get("lora_rank", 16)), lora_alpha=int(grpo.get("lora_alpha", 32)),
+                      lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
+    import torch
+    from trl import GRPOConfig
+
+    g, t = session.grpo, session.config.train
+    return GRPOConfig(
+        output_dir=str(output_dir), max_steps=steps, seed=seed,
+        per_device_train_batch_size=t.prompts_per_step * int(g["num_generations"]),
+        gradient_accumulation_steps=1, num_generations=int(g["num_generations"]),
+        temperature=float(g["temperature"]), max_completion_length=int(g["max_completion_length"]),
+        loss_type=g["loss_type"], scale_rewards=g["scale_rewards"], beta=float(g["beta"]),
+        learning_rate=float(g["learning_rate"]), lr_scheduler_type="constant", warmup_steps=0,
+        logging_steps=t.logging_steps, save_strategy="no", report_to=t.report_to or "none",
+        use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
+        mask_truncated_completions=bool(g.get("mask_truncated_completions", False)),
+    )
+
+
+def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
+    """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
+    from datasets import Dataset
+
+    from evotrainer.train.grpo import HarnessGRPOTrainer
+    from evotrainer.train.progress import ProgressCallback
+    from evotrainer.train.recorder import RolloutRecorder, RoundContext
+
+    cfg = session.config
+    seed = cfg.train.seed + index
+    adapters = session.workdir / "adapters" / cfg.run_name
+    prev = adapters / f"round-{index - 1}" if index > 0 else None
+    model_version = adapter_version(prev if prev and prev.is_dir() else None)
+    round_id = session.store.start_round(session.run_id, index, session.harness.version, model_version)
+    tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed)
+    rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
+             "task_id": t.task_id} for t in tasks]
+    recorder = RolloutRecorder(
+        session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, session.store,
+        RoundContext(session.run_id, round_id, model_version, session.harness.version, seed),
+        stop_token_ids=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+    )
+    bar = progress.add_task(f"round {index}", total=steps, info="")
+    callback = ProgressCallback(progress, bar)
+    trainer = HarnessGRPOTrainer(
+        model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
+        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        recorder=recorder, callbacks=[callback],
+    )
+    started = time.perf_counter()
+    trainer.train()
+    elapsed = time.perf_counter() - started
+    model = trainer.model
+    out = adapters / f"round-{index}"
+    model.save_pretrained(str(out))
+    evals = evaluate_heldout(session, model, tokenizer, round_id, str(out))
+    hist = callback.history
+    summary = RoundSummary(
+        index=index,
+        heldout_success=statistics.fmean(e.success_rate for e in evals),
+        train_reward=statistics.fmean(h["reward"] for h in hist) if hist else 0.0,
+        train_success=statistics.fmean(h.get("verified/success", 0) for h in hist) if hist else 0.0,
+        step_time=elapsed / steps,
+        adapter=str(out),
+    )
+    summary.metrics = {"heldout_success": summary.heldout_success, "train_reward": summary.train_reward,
+                       "train_success": summary.train_success, "step_time": summary.step_time,
+                       "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
+    session.store.finish_round(round_id, summary.metrics, str(out))
+    return model, summary
+
+
+def run_training(session: Session, rounds: int | None = None, steps: int | None = None) -> dict:
+    """Train `rounds` more rounds, resuming after the last finished round of this run."""
+    from evotrainer.train.progress import make_progress
+
+    cfg = session.config
+    rounds = rounds or cfg.train.rounds
+    steps = steps or cfg.train.steps_per_round
+    last = session.store.last_finished_round(session.run_id)
+    start = last[0] + 1 if last else 0
+    adapter = last[1] if last else None
+    if last:
+        session.console.print(f"[cyan]resuming run {cfg.run_name!r} after round {last[0]} ({adapter})")
+    model, tokenizer = load_policy(cfg.policy.model, adapter, trainable=True)
+    base = None
+    if not any(e["round_id"] is None for e in session.store.evals(session.run_id)):
+        base = evaluate_heldout(session, model, tokenizer, None, None)
+        session.console.print(f"base held-out success: {statistics.fmean(r.success_rate for r in base):.3f}")
+    model = build_peft(model, session.grpo)
+    summaries = []
+    with make_progress(session.console) as progress:
+        for index in range(start, start + rounds):
+            model, summary = train_round(session, model, tokenizer, index, steps, progress)
+            summaries.append(summary)
+            progress.console.print(
+                f"round {index}: held-out success {summary.heldout_success:.3f}  "
+                f"train reward {summary.train_reward:.3f}  step {summary.step_time:.1f}s")
+    return {"base": base, "rounds": summaries}

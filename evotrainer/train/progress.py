@@ -1,0 +1,33 @@
+"""A rich progress bar for GRPO steps that shows reward, verified success and step time."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers import TrainerCallback
+
+
+def make_progress(console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
+    )
+
+
+class ProgressCallback(TrainerCallback):
+    """Advances one progress task per optimizer step and keeps the last logged metrics."""
+
+    def __init__(self, progress: Progress, task_id):
+        self.progress = progress
+        self.task_id = task_id
+        self.history: list[dict] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.progress.update(self.task_id, completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return
+        self.history.append(dict(logs))
+        info = (f"reward {logs['reward']:.3f}  success {logs.get('verified/success', 0):.2f}  "
+                f"kept {logs.get('harness/kept_ratio', 1):.2f}  step {logs.get('step_time', 0):.1f}s")
+        self.progress.update(self.task_id, info=info)

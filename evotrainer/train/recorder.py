@@ -1,0 +1,108 @@
+"""Turns each sampled completion into a scored Rollout, and stores it once its advantage is known.
+
+The recorder is the reward function TRL calls. It runs the trusted check (verified outcome),
+then the harness reward (named components), and keeps the scored rollouts of the current
+generation batch until the trainer hook has computed advantages and filter decisions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from evotrainer.api import Rollout
+from evotrainer.domains.base import Domain, Task
+from evotrainer.harness.loader import Harness
+from evotrainer.store import Store, StoredRollout
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes conversational completions as message lists, plain ones as strings."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+@dataclass
+class RoundContext:
+    """What every rollout of one training round shares."""
+
+    run_id: int
+    round_id: int
+    model_version: str
+    harness_version: str
+    seed: int
+
+
+class RolloutRecorder:
+    """Reward function for TRL plus the buffer that the trainer hook finalizes."""
+
+    __name__ = "harness"  # TRL names reward functions by __name__ in its logs
+
+    def __init__(self, domain: Domain, tasks: dict[str, Task], harness: Harness, store: Store,
+                 ctx: RoundContext, stop_token_ids: Sequence[int]):
+        self.domain = domain
+        self.tasks = tasks
+        self.harness = harness
+        self.store = store
+        self.ctx = ctx
+        self.stop_token_ids = set(stop_token_ids)
+        self.pending: list[tuple[Rollout, dict[str, float], float]] = []
+        self.step = 0
+
+    def __call__(self, prompts, completions, completion_ids, task_id, **_: Any) -> list[float]:
+        self.pending = []
+        rewards = []
+        n = len(prompts)
+        for i in range(n):
+            task = self.tasks[task_id[i]]
+            ids = completion_ids[i]
+            truncated = not ids or ids[-1] not in self.stop_token_ids
+            text = completion_text(completions[i])
+            rollout = Rollout(
+                id=uuid.uuid4().hex,
+                task_id=task.task_id,
+                group_id="",  # set in finalize, once groups are known
+                domain=task.domain,
+                prompt=completion_text(prompts[i]),
+                completion=text,
+                turns=(),
+                outcome=self.domain.check(task, text, truncated),
+                num_tokens=len(ids),
+                truncated=truncated,
+                meta={"level": task.level, "answer": task.answer, "split": task.split},
+            )
+            components = self.harness.reward(rollout)
+            reward = self.harness.training_reward(components)
+            self.pending.append((rollout, components, reward))
+            rewards.append(reward)
+        return rewards
+
+    def finalize(self, advantages: Sequence[float], group_size: int) -> list[bool]:
+        """Apply the harness filters, store the batch, and return the kept mask."""
+        if len(advantages) != len(self.pending):
+            raise RuntimeError(f"{len(advantages)} advantages for {len(self.pending)} rollouts")
+        kept: list[bool] = []
+        rows: list[StoredRollout] = []
+        for start in range(0, len(self.pending), group_size):
+            group = self.pending[start:start + group_size]
+            group_id = uuid.uuid4().hex
+            rollouts = [replace(r, group_id=group_id) for r, _, _ in group]
+            keep_group = self.harness.keep_group(rollouts, [rw for _, _, rw in group])
+            for j, (rollout, (_, components, reward)) in enumerate(zip(rollouts, group)):
+                keep = keep_group and self.harness.keep_rollout(rollout)
+                kept.append(keep)
+                rows.append(StoredRollout(
+                    rollout=rollout, reward_components=components, reward=reward,
+                    advantage=float(advantages[start + j]), kept=keep,
+                    model_version=f"{self.ctx.model_version}+s{self.step}",
+                    seed=self.ctx.seed, harness_version=self.ctx.harness_version,
+                    run_id=self.ctx.run_id, round_id=self.ctx.round_id, step=self.step,
+                ))
+        # Committed before training continues: a kill after this line loses none of these rollouts.
+        self.store.add_rollouts(rows)
+        self.last_batch = rows
+        self.pending = []
+        self.step += 1
+        return kept
