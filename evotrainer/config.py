@@ -53,13 +53,26 @@ class StoreConfig(_Strict):
     url: str | None = None  # None: sqlite:///<workdir>/store.db
 
 
+class GateConfig(_Strict):
+    """The promotion gate: trusted config, never harness code (DESIGN.md, "Gate")."""
+
+    margin: float = Field(0.02, ge=0)  # absolute improvement the targeted metric needs
+    tolerance: float = Field(0.005, ge=0)  # how much worse a safety metric may get
+    time_budget_s: float = Field(600.0, gt=0)  # total time in the candidate's code, all workers
+    call_timeout_s: float = Field(5.0, gt=0)  # any single call into harness code
+    load_timeout_s: float = Field(60.0, gt=0)  # executing the harness files in a worker
+    determinism_sample: float = Field(0.02, ge=0, le=1)  # share of groups scored twice
+
+
 class Config(_Strict):
     domain: DomainConfig = Field(default_factory=DomainConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     harness: str | None = None  # seed harness folder; None: the package's harnesses/<domain>
+    harness_rev: str = "main"  # the harness repo commit to train and evaluate under
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
     run_name: str = "default"
 
     @field_validator("policy")

@@ -50,7 +50,7 @@ def test_seed_harness_loads_and_rewards():
     harness = load_harness(SEED)
     assert harness.spec.grpo == {
         "num_generations": 8, "temperature": 1.0, "max_completion_length": 32, "loss_type": "dapo",
-        "scale_rewards": "group", "beta": 0.0, "learning_rate": 5.0e-5, "lora_rank": 16, "lora_alpha": 32,
+        "scale_rewards": "group", "beta": 0.0, "learning_rate": 2.0e-4, "lora_rank": 16, "lora_alpha": 32,
     }
     assert harness.spec.reward_weights == {"correct": 1.0, "format": 0.1}
     assert re.fullmatch(r"[0-9a-f]{12}", harness.version)

@@ -44,9 +44,38 @@ def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain:
 
 
 def _register_subapps() -> None:
+    from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
+    from evotrainer.cli.harness import app as harness_app
     from evotrainer.cli.rollouts import app as rollouts_app
 
     app.add_typer(rollouts_app, name="rollouts")
+    app.add_typer(harness_app, name="harness")
+    app.command("backtest")(backtest_cmd)
+    app.add_typer(backtests_app, name="backtests")
+
+
+@app.command()
+def init(domain: str = DomainOpt, workdir: Optional[Path] = WorkdirOpt):
+    """Create a workspace: a harness git repo seeded from the package's harnesses/DOMAIN, plus
+    skills/ and backtests/. An existing workspace is left as it is."""
+    from evotrainer.harness.repo import HarnessRepo
+    from evotrainer.workspace import WorkspaceError, ensure_workspace
+
+    wd = resolve_workdir(workdir)
+    existed = (wd / "harnesses" / ".git").is_dir()
+    try:
+        ws = ensure_workspace(wd, domain)
+    except WorkspaceError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1)
+    main = HarnessRepo(ws.harnesses).log(limit=1)[0]
+    table = Table(title=f"{'existing' if existed else 'new'} {domain} workspace {ws.root}", show_header=False)
+    table.add_row("harnesses/", f"git repo, main at {main.short} ({main.subject})")
+    table.add_row("", ", ".join(sorted(HarnessRepo(ws.harnesses).sources())))
+    table.add_row("skills/", "learned skills")
+    table.add_row("backtests/", "backtest reports")
+    table.add_row("store.db", "present" if ws.store_path.exists() else "created by the first train/eval")
+    Console().print(table)
 
 
 @app.command()
@@ -136,8 +165,28 @@ def config_cmd(
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
 
+def quiet_libraries() -> None:
+    """Library warnings and per-file progress bars drown the progress we show."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="trl")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        from datasets.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def main() -> None:
     _register_subapps()
+    quiet_libraries()
     try:
         app()
     except KeyboardInterrupt:

@@ -394,10 +394,12 @@ def harness_version(sources: Mapping[str, str]) -> str:
 class Harness:
     """A loaded harness: validated calls into its reward, filters, curriculum, rollout rules and probes."""
 
-    def __init__(self, sources: Mapping[str, str], path: Path) -> None:
+    def __init__(self, sources: Mapping[str, str], path: Path, version: str | None = None) -> None:
+        """`version` names this harness in the store (a commit sha when loaded from the harness
+        repo); default: a content hash of the harness files."""
         self.path = Path(path)
         self.spec = parse_spec(sources[SPEC_FILE])
-        self.version = harness_version(sources)
+        self.version = version or harness_version(sources)
         modules = {f: _exec_module(f, sources[f], self.path, self.version) for f in CODE_FILES}
         self._reward = _attr(modules["reward.py"], "reward.py", "reward")
         self._keep_rollout = _attr(modules["filters.py"], "filters.py", "keep_rollout")

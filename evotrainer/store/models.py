@@ -124,4 +124,21 @@ class Eval(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-__all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "utcnow"]
+class Backtest(Base):
+    """Index of the backtest reports in <workdir>/backtests/ (the row keeps the whole report too)."""
+
+    __tablename__ = "backtests"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    base: Mapped[str] = mapped_column(String(64))  # commit shas
+    candidate: Mapped[str] = mapped_column(String(64))
+    candidate_rev: Mapped[str | None] = mapped_column(String(256))
+    decision: Mapped[str] = mapped_column(String(16))
+    target: Mapped[str | None] = mapped_column(String(64))
+    n_rollouts: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str | None] = mapped_column(String(1024))  # the JSON report; its .md twin sits beside it
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+__all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "Backtest", "utcnow"]

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
-from evotrainer.store.models import Base, Eval, RolloutRow, Round, Run, Task, utcnow
+from evotrainer.store.models import Backtest, Base, Eval, RolloutRow, Round, Run, Task, utcnow
 
 # Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
 _IN_CHUNK = 500
@@ -362,6 +362,37 @@ class Store:
                  "created_at": e.created_at.isoformat(), "details": e.details}
                 for e, idx in s.execute(query)
             ]
+
+    # -- backtests --------------------------------------------------------------------------
+
+    def add_backtest(self, report: dict[str, Any], path: str | None = None) -> None:
+        """Index one backtest report (see evotrainer.backtest.report)."""
+        with self._session.begin() as s:
+            s.add(Backtest(id=report["id"], base=report["base"], candidate=report["candidate"],
+                           candidate_rev=report.get("candidate_rev"), decision=report["decision"],
+                           target=report.get("target"), n_rollouts=report["n_rollouts"], path=path,
+                           report=report))
+
+    def backtests(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Newest first, without the full reports."""
+        query = select(Backtest).order_by(Backtest.created_at.desc(), Backtest.id.desc()).limit(limit)
+        with self._session() as s:
+            return [{"id": b.id, "created_at": b.created_at.isoformat(), "base": b.base,
+                     "candidate": b.candidate, "candidate_rev": b.candidate_rev,
+                     "decision": b.decision, "target": b.target, "n_rollouts": b.n_rollouts,
+                     "path": b.path} for b in s.scalars(query)]
+
+    def get_backtest(self, backtest_id: str) -> dict[str, Any] | None:
+        """The full report of a backtest, by id or unique id prefix; ValueError if ambiguous."""
+        with self._session() as s:
+            row = s.get(Backtest, backtest_id)
+            if row is None:
+                rows = s.scalars(select(Backtest).where(Backtest.id.startswith(backtest_id, autoescape=True))
+                                 .limit(2)).all()
+                if len(rows) > 1:
+                    raise ValueError(f"backtest id prefix {backtest_id!r} is ambiguous")
+                row = rows[0] if rows else None
+            return dict(row.report) if row else None
 
     @staticmethod
     def _get(s: Session, model: type, pk: int) -> Any:

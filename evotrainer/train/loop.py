@@ -20,10 +20,12 @@ from evotrainer.api import TaskStats
 from evotrainer.config import Config
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
-from evotrainer.harness.loader import Harness, load_harness
+from evotrainer.harness.loader import Harness
+from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
 from evotrainer.train.evaluate import EvalResult, evaluate
+from evotrainer.workspace import ensure_workspace
 
 
 @dataclass
@@ -61,7 +63,10 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     console = console or Console(stderr=True)
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)
-    harness = harness or load_harness(config.harness_dir())
+    if harness is None:
+        # config.harness is only the seed of a new workspace; training reads a commit.
+        ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
+        harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
     d = config.domain
     domain = get_domain(d.name, levels=tuple(d.levels), source=d.source)
     train_tasks = domain.tasks("train", d.train_size, d.seed)
@@ -135,6 +140,7 @@ def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
 def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
     """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
     from datasets import Dataset
+    from transformers import PrinterCallback
 
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.progress import ProgressCallback
@@ -161,6 +167,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
         recorder=recorder, callbacks=[callback],
     )
+    trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     started = time.perf_counter()
     trainer.train()
     elapsed = time.perf_counter() - started

@@ -1,0 +1,122 @@
+"""Our GRPO step (harness reward, filters, store writes) against a plain TRL GRPOTrainer script.
+
+Same model, batch, lengths, seed and LoRA config; the plain script's reward is the same trusted
+math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
+machine drift hits both alike, and the first step of each run (warm-up) is dropped.
+Prints per-step times and the ratio ours/plain (target: <= 1.10).
+
+    python bench/inner_overhead.py [--steps 4] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from transformers import PrinterCallback, TrainerCallback
+
+from evotrainer.cli.main import quiet_libraries
+from evotrainer.config import load_config
+from evotrainer.paths import CONFIGS_DIR
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self):
+        self.times: list[float] = []
+        self._t = None
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.times.append(time.perf_counter() - self._t)
+
+
+def dataset(session, tasks):
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
+         "task_id": t.task_id} for t in tasks])
+
+
+def run_plain(session, tasks, steps, seed, workdir) -> list[float]:
+    from trl import GRPOTrainer
+
+    from evotrainer.policy import load_policy
+    from evotrainer.train.loop import build_peft, grpo_args
+    from evotrainer.train.recorder import completion_text
+
+    by_id = {t.task_id: t for t in tasks}
+    model, tok = load_policy("embedded")
+    model = build_peft(model, session.grpo)
+    eos = {tok.eos_token_id, tok.pad_token_id}
+
+    def correct(prompts, completions, completion_ids, task_id, **_):
+        return [float(session.domain.check(by_id[t], completion_text(c), not ids or ids[-1] not in eos).success)
+                for t, c, ids in zip(task_id, completions, completion_ids)]
+
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=grpo_args(session, steps, seed, workdir),
+                          train_dataset=dataset(session, tasks), processing_class=tok, callbacks=[timer])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    return timer.times[1:]
+
+
+def run_ours(session, tasks, steps, seed, workdir) -> list[float]:
+    from evotrainer.policy import load_policy
+    from evotrainer.train.grpo import HarnessGRPOTrainer
+    from evotrainer.train.loop import build_peft, grpo_args
+    from evotrainer.train.recorder import RolloutRecorder, RoundContext
+
+    model, tok = load_policy("embedded")
+    model = build_peft(model, session.grpo)
+    round_id = session.store.start_round(session.run_id, int(time.time() * 1000) % 10**9, "bench", "base")
+    recorder = RolloutRecorder(session.domain, {t.task_id: t for t in tasks}, session.harness, session.store,
+                               RoundContext(session.run_id, round_id, "base", session.harness.version, seed),
+                               stop_token_ids=[tok.eos_token_id, tok.pad_token_id])
+    timer = StepTimer()
+    trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
+                                 train_dataset=dataset(session, tasks), processing_class=tok,
+                                 recorder=recorder, callbacks=[timer])
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    return timer.times[1:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is warm-up)")
+    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side")
+    args = ap.parse_args()
+    quiet_libraries()
+    from evotrainer.train.loop import open_session
+
+    work = Path(tempfile.mkdtemp(prefix="evotrainer-bench-"))
+    cfg = load_config(CONFIGS_DIR / "math.yaml", ["run_name=bench"])
+    session = open_session(cfg, work)
+    per_prompt = cfg.train.prompts_per_step
+    tasks = session.train_tasks[: args.steps * per_prompt]
+    plain, ours = [], []
+    for rep in range(args.repeats):
+        plain += run_plain(session, tasks, args.steps, 0, work / "plain")
+        ours += run_ours(session, tasks, args.steps, 0, work / "ours")
+        print(f"repeat {rep}: plain {statistics.median(plain):.2f} s/step, ours {statistics.median(ours):.2f} s/step",
+              flush=True)
+    g = session.grpo
+    print(f"batch: {per_prompt} prompts x {g['num_generations']} completions, "
+          f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
+    print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
+    print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
+    ratio = statistics.median(ours) / statistics.median(plain)
+    print(f"ratio ours/plain: {ratio:.3f} (target <= 1.10)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

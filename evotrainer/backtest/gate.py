@@ -1,0 +1,119 @@
+"""The promotion gate: trusted config decides, from backtest metrics, whether a candidate may train.
+
+A candidate is promoted only if (1) both harnesses ran every selected rollout without a fault
+and within the time budget, (2) the metric it targets (its `Targets:` trailer, or else the best
+of DEFAULT_TARGETS) improves by at least `margin`, and (3) no safety metric gets worse by more
+than `tolerance`. Directions come from metrics.LOWER_IS_BETTER.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from evotrainer.backtest.metrics import DEFAULT_TARGETS, LOWER_IS_BETTER, METRICS, SAFETY_METRICS, improvement
+from evotrainer.config import GateConfig
+from evotrainer.harness.sandbox import CandidateFailure
+
+# Float noise must not flip a decision: 0.52 - 0.50 is 0.0200000000000000018, 0.30 - 0.28 is
+# 0.0199999999999999956.
+_SLACK = 1e-12
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    decision: str  # "promote" | "reject"
+    target: str | None  # the metric the decision was judged on
+    reasons: list[str]
+    checks: list[Check]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"decision": self.decision, "target": self.target, "reasons": self.reasons,
+                "checks": [asdict(c) for c in self.checks]}
+
+
+def target_from_trailer(text: str | None) -> str | None:
+    """The first backtest metric named in a `Targets:` trailer (free text around it is fine)."""
+    if not text:
+        return None
+    for word in re.findall(r"[A-Za-z_]+", text):
+        if word in LOWER_IS_BETTER:
+            return word
+    return None
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _change(name: str, base: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
+    return f"{_fmt(base[name])} -> {_fmt(cand[name])}"
+
+
+def decide(base: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, gate: GateConfig, *,
+           declared_target: str | None = None, failure: CandidateFailure | None = None,
+           candidate_seconds: float = 0.0) -> GateDecision:
+    """Apply the gate. `declared_target` comes from the candidate's Targets: trailer."""
+    if failure is not None or base is None or candidate is None:
+        who = failure.harness if failure is not None else "candidate"
+        what = failure.reason if failure is not None else "no metrics"
+        detail = (f"the base harness failed, so there is nothing to compare against: {what}"
+                  if who == "base" else f"the candidate failed: {what}")
+        check = Check("ran", False, detail)
+        return GateDecision("reject", declared_target, [detail], [check])
+    checks = [Check("ran", True, f"both harnesses scored all {candidate['n_rollouts']} rollouts without a fault")]
+    in_time = candidate_seconds <= gate.time_budget_s
+    checks.append(Check("time_budget", in_time, f"the candidate took {candidate_seconds:.1f} s of its "
+                        f"{gate.time_budget_s:g} s budget"))
+    checks.append(_target_check(base, candidate, gate, declared_target))
+    target = checks[-1].name.removeprefix("target:") if checks[-1].name.startswith("target:") else None
+    for name in SAFETY_METRICS:
+        checks.append(_safety_check(name, base, candidate, gate))
+    passed = all(c.passed for c in checks)
+    reasons = [c.detail for c in checks if c.passed == passed]  # why it passed, or what failed
+    return GateDecision("promote" if passed else "reject", target, reasons, checks)
+
+
+def _target_check(base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig,
+                  declared: str | None) -> Check:
+    if declared is not None and declared not in METRICS:
+        return Check("target", False, f"the Targets trailer names {declared!r}, not a backtest metric "
+                     f"({', '.join(METRICS)})")
+    options = [declared] if declared else list(DEFAULT_TARGETS)
+    gains = {n: improvement(n, base[n], cand[n]) for n in options if base[n] is not None and cand[n] is not None}
+    if not gains:
+        return Check("target", False, f"target {options[0]} is undefined on these rollouts")
+    best = max(gains, key=lambda n: gains[n])
+    arrow = "lower" if LOWER_IS_BETTER[best] else "higher"
+    ok = gains[best] + _SLACK >= gate.margin
+    how = f"improved by {gains[best]:.4g}" if gains[best] > 0 else f"did not improve ({gains[best]:+.4g})"
+    if declared:
+        detail = f"target {best} ({arrow} is better) {how}: {_change(best, base, cand)}, margin {gate.margin:g}"
+    elif ok:
+        detail = (f"no target declared; {best} ({arrow} is better) {how}: {_change(best, base, cand)}, "
+                  f"margin {gate.margin:g}")
+    else:
+        detail = (f"no target declared and none of {', '.join(DEFAULT_TARGETS)} improved by the margin "
+                  f"{gate.margin:g} (best: {best} {gains[best]:+.4g})")
+    return Check(f"target:{best}", ok, detail)
+
+
+def _safety_check(name: str, base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig) -> Check:
+    if base[name] is None or cand[name] is None:
+        return Check(f"safety:{name}", True, f"safety {name} is undefined on these rollouts")
+    loss = -improvement(name, base[name], cand[name])
+    ok = loss <= gate.tolerance + _SLACK
+    verb = f"worsened by {loss:.4g}" if loss > 0 else "did not worsen"
+    return Check(f"safety:{name}", ok, f"safety {name} {verb}: {_change(name, base, cand)}, "
+                 f"tolerance {gate.tolerance:g}")
+
+
+__all__ = ["Check", "GateDecision", "decide", "target_from_trailer"]

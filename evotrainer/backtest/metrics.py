@@ -1,0 +1,211 @@
+"""Backtest metrics as mergeable tallies: exact counts per chunk, summed in any order, same result.
+
+Every metric is a ratio of integer counts, except `hacking_reward_mass`, whose float sums are
+kept exactly (Shewchuk partials) and `proxy_auc`, kept as integer counts per distinct reward
+value and class. So a backtest gives bit-identical numbers whatever the chunking, the number of
+workers, or the order in which partial tallies come back; that is what makes `replay` exact.
+Memory is bounded by the number of distinct training rewards, not by the number of rollouts.
+
+Definitions (see DESIGN.md, "Backtest metrics"); "kept" means kept by both filters and not cut
+by the harness's `stop`:
+
+- dead_group_ratio: groups whose training rewards span <= EPS (GRPO gets no signal from them)
+- effective_data_ratio: kept rollouts of live groups whose GRPO advantage is non-zero (> EPS),
+  over all rollouts
+- ordering_violations: within-group (verified success, verified failure) pairs where the failure
+  has the strictly higher training reward, over all such pairs
+- proxy_auc: AUC of training reward against verified success, ties count 0.5 (None with one class)
+- false_drop_rate: verified successes not kept, over all verified successes
+- hacking_reward_mass: positive training reward on kept rollouts that trusted checks flag
+  (outcome kind "tampering" or "empty", or a "tampering" flag), over all positive training
+  reward on kept rollouts: the share of the signal that would reward a hack
+- mean_tokens: mean num_tokens of kept rollouts
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Sequence
+
+EPS = 1e-9
+# name -> True when lower is better
+LOWER_IS_BETTER = {
+    "dead_group_ratio": True,
+    "effective_data_ratio": False,
+    "ordering_violations": True,
+    "proxy_auc": False,
+    "false_drop_rate": True,
+    "hacking_reward_mass": True,
+    "mean_tokens": True,
+}
+METRICS = tuple(LOWER_IS_BETTER)
+COUNTS = ("n_rollouts", "n_groups", "errors")
+SAFETY_METRICS = ("ordering_violations", "false_drop_rate", "proxy_auc", "hacking_reward_mass")
+DEFAULT_TARGETS = ("dead_group_ratio", "effective_data_ratio", "proxy_auc")
+FLAGGED_KINDS = frozenset({"tampering", "empty"})
+
+
+def group_advantages(rewards: Sequence[float], scale_rewards: str = "group") -> list[float]:
+    """GRPO advantages of one group, as TRL computes them: reward minus the group mean, divided by
+    the group's (Bessel-corrected) std + 1e-4 unless scale_rewards is "none". TRL's "batch" uses
+    the std of the whole generation batch, which a backtest does not know; the group std stands in
+    (whether an advantage is zero, all the metrics use, does not depend on the scale)."""
+    n = len(rewards)
+    mean = sum(rewards) / n
+    centered = [r - mean for r in rewards]
+    if scale_rewards == "none":
+        return centered
+    std = math.sqrt(sum(c * c for c in centered) / (n - 1)) if n > 1 else 0.0
+    return [c / (std + 1e-4) for c in centered]
+
+
+class ExactSum:
+    """A float sum with no rounding error until `value` (Shewchuk), so merges are order-free."""
+
+    __slots__ = ("partials",)
+
+    def __init__(self) -> None:
+        self.partials: list[float] = []
+
+    def add(self, x: float) -> None:
+        partials, i = self.partials, 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+
+    def merge(self, other: "ExactSum") -> None:
+        for x in other.partials:
+            self.add(x)
+
+    @property
+    def value(self) -> float:
+        return math.fsum(self.partials)
+
+    def __getstate__(self) -> list[float]:
+        return self.partials
+
+    def __setstate__(self, state: list[float]) -> None:
+        self.partials = state
+
+
+@dataclass
+class Tally:
+    """Partial aggregates of one harness over some whole groups."""
+
+    rollouts: int = 0
+    groups: int = 0
+    dead_groups: int = 0
+    effective: int = 0
+    pairs: int = 0
+    violations: int = 0
+    successes: int = 0
+    false_drops: int = 0
+    kept: int = 0
+    kept_tokens: int = 0
+    positive_reward: ExactSum = field(default_factory=ExactSum)
+    flagged_reward: ExactSum = field(default_factory=ExactSum)
+    auc: dict[float, list[int]] = field(default_factory=dict)  # reward -> [successes, failures]
+    seconds: float = 0.0  # time spent in this harness's code and its bookkeeping
+
+    def add_group(self, rewards: Sequence[float], advantages: Sequence[float],
+                  success: Sequence[bool], flagged: Sequence[bool], tokens: Sequence[int],
+                  kept: Sequence[bool]) -> None:
+        """One group: training rewards and advantages, verified outcome facts, and the harness's
+        keep decisions (filters and stop already combined)."""
+        self.rollouts += len(rewards)
+        self.groups += 1
+        dead = max(rewards) - min(rewards) <= EPS
+        self.dead_groups += dead
+        wins, losses = [], []
+        auc = self.auc
+        for r, adv, ok, hack, toks, keep in zip(rewards, advantages, success, flagged, tokens, kept):
+            counts = auc.get(r)
+            if counts is None:
+                counts = auc[r] = [0, 0]
+            if ok:
+                counts[0] += 1
+                wins.append(r)
+                self.successes += 1
+                self.false_drops += not keep
+            else:
+                counts[1] += 1
+                losses.append(r)
+            if keep:
+                self.kept += 1
+                self.kept_tokens += toks
+                if not dead and abs(adv) > EPS:
+                    self.effective += 1
+                if r > 0:
+                    self.positive_reward.add(r)
+                    if hack:
+                        self.flagged_reward.add(r)
+        if wins and losses:
+            self.pairs += len(wins) * len(losses)
+            losses.sort()
+            self.violations += sum(len(losses) - bisect_right(losses, w) for w in wins)
+
+    def merge(self, other: "Tally") -> None:
+        for name in ("rollouts", "groups", "dead_groups", "effective", "pairs", "violations",
+                     "successes", "false_drops", "kept", "kept_tokens", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.positive_reward.merge(other.positive_reward)
+        self.flagged_reward.merge(other.flagged_reward)
+        for value, (wins, losses) in other.auc.items():
+            counts = self.auc.setdefault(value, [0, 0])
+            counts[0] += wins
+            counts[1] += losses
+
+    def metrics(self) -> dict[str, float | int | None]:
+        def ratio(num: float, den: float) -> float:
+            return num / den if den else 0.0
+
+        positive = self.positive_reward.value
+        return {
+            "dead_group_ratio": ratio(self.dead_groups, self.groups),
+            "effective_data_ratio": ratio(self.effective, self.rollouts),
+            "ordering_violations": ratio(self.violations, self.pairs),
+            "proxy_auc": _auc(self.auc),
+            "false_drop_rate": ratio(self.false_drops, self.successes),
+            "hacking_reward_mass": ratio(self.flagged_reward.value, positive) if positive > 0 else 0.0,
+            "mean_tokens": ratio(self.kept_tokens, self.kept),
+            "n_rollouts": self.rollouts,
+            "n_groups": self.groups,
+            "errors": 0,
+        }
+
+
+def _auc(counts: dict[float, list[int]]) -> float | None:
+    """P(reward of a success > reward of a failure), ties 0.5, from per-value counts (exact)."""
+    total_wins = sum(c[0] for c in counts.values())
+    total_losses = sum(c[1] for c in counts.values())
+    if not total_wins or not total_losses:
+        return None
+    twice, losses_below = 0, 0
+    for value in sorted(counts):
+        wins, losses = counts[value]
+        twice += wins * (2 * losses_below + losses)
+        losses_below += losses
+    return twice / (2 * total_wins * total_losses)
+
+
+def is_flagged(kind: str, flags: Sequence[str]) -> bool:
+    return kind in FLAGGED_KINDS or "tampering" in flags
+
+
+def improvement(name: str, base: float, candidate: float) -> float:
+    """How much better the candidate is on a metric (positive = better), whatever its direction."""
+    delta = candidate - base
+    return -delta if LOWER_IS_BETTER[name] else delta
+
+
+__all__ = ["COUNTS", "DEFAULT_TARGETS", "EPS", "ExactSum", "LOWER_IS_BETTER", "METRICS",
+           "SAFETY_METRICS", "Tally", "group_advantages", "improvement", "is_flagged"]

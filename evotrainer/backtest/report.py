@@ -1,0 +1,141 @@
+"""Backtest reports: `<workdir>/backtests/<id>.json`, its Markdown twin, and the store's index row."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from evotrainer.backtest.engine import BacktestRun
+from evotrainer.backtest.gate import GateDecision
+from evotrainer.backtest.metrics import COUNTS, LOWER_IS_BETTER, METRICS
+from evotrainer.config import GateConfig
+from evotrainer.store import Store
+
+REPORT_VERSION = 1
+
+
+def new_id() -> str:
+    """Sortable by time, unique enough for one workspace: bt-20250101-120000-3fa9."""
+    return f"bt-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def deltas(metrics: dict[str, dict[str, Any]] | None) -> dict[str, float | None]:
+    if not metrics:
+        return {}
+    base, cand = metrics["base"], metrics["candidate"]
+    return {name: None if base[name] is None or cand[name] is None else cand[name] - base[name]
+            for name in METRICS}
+
+
+def build_report(backtest_id: str, *, base_rev: str, base_sha: str, candidate_rev: str,
+                 candidate_sha: str, run: BacktestRun, decision: GateDecision, gate: GateConfig,
+                 declared_target: str | None) -> dict[str, Any]:
+    selection = run.selection
+    report = {
+        "id": backtest_id,
+        "version": REPORT_VERSION,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "base": base_sha,
+        "candidate": candidate_sha,
+        "base_rev": base_rev,
+        "candidate_rev": candidate_rev,
+        "selector": selection.selector.to_json(),
+        "n_rollouts": selection.count,
+        "rollout_ids_sha256": selection.ids_sha256,
+        "metrics": run.metrics or {"base": None, "candidate": None},
+        "deltas": deltas(run.metrics),
+        "decision": decision.decision,
+        "reasons": decision.reasons,
+        "checks": decision.to_json()["checks"],
+        "target": decision.target,
+        "declared_target": declared_target,
+        "failure": ({"harness": run.failure.harness, "reason": run.failure.reason}
+                    if run.failure is not None else None),
+        "gate": gate.model_dump(),
+        "timings": {**run.timings, "workers": run.workers},
+    }
+    if selection.selector.ids is not None:
+        report["rollout_ids"] = list(selection.selector.ids)
+    return report
+
+
+def write_report(backtests_dir: Path, report: dict[str, Any], store: Store | None = None) -> Path:
+    """Write `<id>.json` and `<id>.md`, index the report in the store; return the JSON path."""
+    backtests_dir = Path(backtests_dir)
+    backtests_dir.mkdir(parents=True, exist_ok=True)
+    path = backtests_dir / f"{report['id']}.json"
+    path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(render_markdown(report), encoding="utf-8")
+    if store is not None:
+        store.add_backtest(report, str(path.resolve()))
+    return path
+
+
+def load_report(backtests_dir: Path, backtest_id: str, store: Store | None = None) -> dict[str, Any]:
+    """A report by id (or unique prefix) from the store index, else from its JSON file."""
+    if store is not None:
+        found = store.get_backtest(backtest_id)
+        if found is not None:
+            return found
+    path = Path(backtests_dir) / f"{backtest_id}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    matches = sorted(Path(backtests_dir).glob(f"{backtest_id}*.json")) if Path(backtests_dir).is_dir() else []
+    if len(matches) == 1:
+        return json.loads(matches[0].read_text(encoding="utf-8"))
+    raise KeyError(f"no backtest {backtest_id!r}" + (" (ambiguous prefix)" if matches else ""))
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1000 else f"{value:.1f}"
+    return str(value)
+
+
+def helps(name: str, delta: float | None) -> bool | None:
+    """True when a delta moves the metric the good way, False the bad way, None for no change."""
+    if delta is None or delta == 0 or name not in LOWER_IS_BETTER:
+        return None
+    return (delta < 0) == LOWER_IS_BETTER[name]
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    from evotrainer.backtest.engine import Selector
+
+    selector = Selector.from_json(report["selector"]).describe()
+    lines = [
+        f"# Backtest {report['id']}",
+        "",
+        f"Candidate `{report['candidate_rev']}` ({report['candidate'][:12]}) against base "
+        f"`{report['base_rev']}` ({report['base'][:12]}) on {report['n_rollouts']} stored rollouts "
+        f"(selector: {selector}).",
+        "",
+        f"**Decision: {report['decision']}**" + (f" (target: `{report['target']}`)" if report["target"] else ""),
+        "",
+        *[f"- {reason}" for reason in report["reasons"]],
+        "",
+    ]
+    base, cand = report["metrics"]["base"], report["metrics"]["candidate"]
+    if base and cand:
+        lines += ["| metric | base | candidate | delta |", "|---|---:|---:|---:|"]
+        for name in (*METRICS, *COUNTS):
+            delta = report["deltas"].get(name)
+            mark = {True: " ✓", False: " ✗", None: ""}[helps(name, delta)]
+            arrow = (" ↓" if LOWER_IS_BETTER[name] else " ↑") if name in LOWER_IS_BETTER else ""
+            shown = "" if name in COUNTS else (f"{delta:+.4f}{mark}" if delta is not None else "n/a")
+            lines.append(f"| {name}{arrow} | {fmt(base[name])} | {fmt(cand[name])} | {shown} |")
+        lines.append("")
+    t = report["timings"]
+    lines.append(f"Time: {t.get('wall_s', 0):.1f} s wall on {t.get('workers', 0)} worker(s); "
+                 f"{t.get('base_s', 0):.1f} s in base code, {t.get('candidate_s', 0):.1f} s in candidate code. "
+                 f"Rollout ids sha256: `{report['rollout_ids_sha256'][:16]}`.")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["build_report", "deltas", "fmt", "helps", "load_report", "new_id", "render_markdown",
+           "write_report"]

@@ -1,0 +1,497 @@
+"""Run untrusted harness code in guarded worker processes: any harness fault becomes a CandidateFailure.
+
+A candidate harness is code an LLM may have written. It runs only in worker processes started
+with the "spawn" context, never in the process that drives a run. Inside a worker, before any
+harness file is executed:
+
+- an audit hook (`sys.addaudithook`, which cannot be removed) refuses processes (`subprocess`,
+  `os.system`, `os.exec*`, `os.spawn*`, `os.fork`), signals to other processes, sockets, ctypes,
+  new database connections, and any write, delete, rename or chmod outside the worker's own
+  temporary folder (also the working directory);
+- an import guard lets code whose globals are not a real, non-harness module import only
+  `evotrainer.api`, numpy and the pure standard-library modules in ALLOWED_MODULES. This is what
+  stops `__import__("os")`, which the loader's static `check_imports` cannot see.
+
+A refused operation raises PermissionError/ImportError inside the harness *and* is recorded, so a
+harness that swallows the exception still fails. The parent enforces a time budget per harness
+call through a shared two-slot array (which call is running, since when) and kills the worker's
+process group when it is exceeded, so a hang in C code (a regex, numpy) is caught too.
+
+What this is not: a security boundary against code written to escape. Python objects are
+introspectable, so determined code can reach a real `__import__`. The guards stop mistakes and
+the obvious attacks, and the audit hook still refuses the dangerous operations themselves; a
+hostile threat model needs OS isolation (container, seccomp) around the worker.
+"""
+
+from __future__ import annotations
+
+import builtins
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+
+from evotrainer.api import Rollout, Turn
+from evotrainer.harness.loader import Harness, HarnessError
+
+# Modules harness code may import. Pure: no processes, files, network or interpreter internals.
+ALLOWED_MODULES = frozenset({
+    "__future__", "abc", "array", "base64", "bisect", "calendar", "cmath", "collections",
+    "collections.abc", "colorsys", "contextlib", "copy", "csv", "dataclasses", "datetime",
+    "decimal", "difflib", "enum", "fractions", "functools", "hashlib", "heapq", "hmac",
+    "itertools", "json", "keyword", "math", "numbers", "operator", "pprint", "random", "re",
+    "statistics", "string", "struct", "textwrap", "types", "typing", "unicodedata", "zlib",
+})
+HARNESS_MODULE_PREFIX = "_evoharness_"  # loader._exec_module names every harness module this way
+
+# Per-call watchdog codes: marks[0] = slot * 16 + code, marks[1] = monotonic start (0 = idle).
+_LOAD, _REWARD, _KEEP_ROLLOUT, _KEEP_GROUP, _STOP = 1, 2, 3, 4, 5
+_CALLS = {_LOAD: "loading the harness files", _REWARD: "reward.py: reward()",
+          _KEEP_ROLLOUT: "filters.py: keep_rollout()", _KEEP_GROUP: "filters.py: keep_group()",
+          _STOP: "rollout.py: stop()"}
+_START_LOCK = threading.Lock()
+
+
+class CandidateFailure(Exception):
+    """A harness fault that rejects that harness (not the run); `harness` is its label."""
+
+    def __init__(self, reason: str, harness: str = "candidate"):
+        super().__init__(reason)
+        self.reason = reason
+        self.harness = harness
+
+    def __reduce__(self):  # multi-argument exceptions need this to cross a process boundary
+        return (CandidateFailure, (self.reason, self.harness))
+
+    def __str__(self) -> str:
+        return f"{self.harness} harness: {self.reason}"
+
+
+class SandboxError(RuntimeError):
+    """A fault of our own code inside a worker (not of the harness); carries the worker traceback."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    call_timeout_s: float = 5.0  # any one call into harness code
+    load_timeout_s: float = 60.0  # starting a worker and executing the harness files
+
+
+class WorkerJob(Protocol):
+    """Trusted code a worker runs. Picklable; `open` runs before the guards are locked."""
+
+    def open(self) -> Any: ...
+
+    def run(self, state: Any, harnesses: Mapping[str, "SandboxedHarness"], message: Any) -> Any: ...
+
+
+# ---------------------------------------------------------------- inside the worker
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_BLOCKED = ("os.system", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn",
+            "os.kill", "os.killpg", "os.startfile", "subprocess.", "socket.", "ctypes.",
+            "sqlite3.connect", "pty.spawn", "webbrowser.open", "_posixsubprocess")
+_PATH_EVENTS = frozenset({
+    "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.truncate", "os.link", "os.symlink",
+    "os.chmod", "os.chown", "os.lchown", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo",
+    "os.mknod", "os.setxattr", "os.removexattr", "shutil.rmtree", "shutil.copyfile",
+    "shutil.copymode", "shutil.copystat", "shutil.move", "shutil.chown", "shutil.copytree",
+})
+
+
+class _Guard:
+    """The audit hook and import guard of one worker. Permissive until `lock()`."""
+
+    def __init__(self, tmpdir: str):
+        self.tmpdir = os.path.realpath(tmpdir)
+        self.locked = False
+        self.importing = 0  # > 0 while an allowed module initialises (numpy's init loads ctypes)
+        self.violations: list[str] = []
+        self._import = builtins.__import__
+
+    def install(self) -> None:
+        sys.addaudithook(self._hook)
+
+    def lock(self) -> None:
+        builtins.__import__ = self._guarded_import
+        self.locked = True
+
+    def _refuse(self, what: str, exc: type[Exception] = PermissionError) -> None:
+        self.violations.append(what)
+        raise exc(f"sandbox: {what} is not allowed in harness code")
+
+    def _inside(self, path: Any) -> bool:
+        if isinstance(path, int):
+            return True  # an already open descriptor
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return real == self.tmpdir or real.startswith(self.tmpdir + os.sep) or real == os.devnull
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if not self.locked or self.importing:
+            return
+        if event == "open":
+            path, _mode, flags = args
+            if flags & _WRITE_FLAGS and not self._inside(path):
+                self._refuse(f"opening {path!r} for writing (outside the sandbox temp dir)")
+        elif event in _PATH_EVENTS:
+            paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
+            if not paths or not all(self._inside(p) for p in paths):
+                self._refuse(f"{event}({', '.join(map(repr, paths))}) outside the sandbox temp dir")
+        elif event.startswith(_BLOCKED):
+            self._refuse(event)
+
+    def _guarded_import(self, name: str, globals: Any = None, locals: Any = None,
+                        fromlist: Sequence[str] | None = (), level: int = 0) -> Any:
+        if self.locked and not _trusted(sys._getframe(1)):
+            problem = _import_problem(name, fromlist or (), level)
+            if problem:
+                self._refuse(problem, ImportError)
+            self.importing += 1
+            try:
+                return self._import(name, globals, locals, fromlist, level)
+            finally:
+                self.importing -= 1
+        return self._import(name, globals, locals, fromlist, level)
+
+
+def _trusted(frame: Any) -> bool:
+    """Whether the code that asks for an import is ours or a library's, not harness code.
+
+    A frame whose globals are a real module's namespace is trusted, unless that module is a
+    harness file. Code run with other globals (a Jinja template, an `exec` string) takes the
+    verdict of the nearest caller that does belong to a module.
+    """
+    while frame is not None:
+        globals_ = frame.f_globals
+        name = globals_.get("__name__")
+        if isinstance(name, str) and name.startswith(HARNESS_MODULE_PREFIX):
+            return False
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        if module is not None and getattr(module, "__dict__", None) is globals_:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _import_problem(name: str, fromlist: Sequence[str], level: int) -> str | None:
+    if level:
+        return f"relative import of {name!r}"
+    top = name.partition(".")[0]
+    if top == "evotrainer":
+        wanted = [f"{name}.{f}" for f in fromlist] if name == "evotrainer" and fromlist else [name]
+        bad = [w for w in wanted if w != "evotrainer.api"]
+        return f"import of {bad[0]!r} (harness code sees only evotrainer.api)" if bad else None
+    if top == "numpy" or name in ALLOWED_MODULES:
+        return None
+    return (f"import of {name!r} (allowed: evotrainer.api, numpy and pure standard-library "
+            f"modules such as math, re, json, collections)")
+
+
+class SandboxedHarness:
+    """A Harness whose every call is timed for the parent's watchdog and fails as CandidateFailure."""
+
+    def __init__(self, harness: Harness, label: str, slot: int, marks: Any, guard: _Guard):
+        self.harness, self.label, self._marks, self._guard = harness, label, marks, guard
+        self.spec, self.version = harness.spec, harness.version
+        self._code = {c: slot * 16 + c for c in _CALLS}
+
+    def _run(self, code: int, method: Any, *args: Any) -> Any:
+        marks = self._marks
+        marks[0] = self._code[code]
+        marks[1] = time.monotonic()
+        try:
+            value = method(*args)
+        except HarnessError as exc:
+            raise CandidateFailure(str(exc), self.label) from None
+        except BaseException as exc:  # noqa: BLE001 -- e.g. KeyboardInterrupt raised by the harness
+            raise CandidateFailure(f"{_CALLS[code]} raised {type(exc).__name__}: {exc}", self.label) from None
+        finally:
+            marks[1] = 0.0
+        if self._guard.violations:
+            raise CandidateFailure(f"{_CALLS[code]} attempted {self._guard.violations[0]}", self.label)
+        return value
+
+    def reward(self, rollout: Rollout) -> dict[str, float]:
+        return self._run(_REWARD, self.harness.reward, rollout)
+
+    def training_reward(self, components: Mapping[str, float]) -> float:
+        return self.harness.training_reward(components)  # trusted arithmetic, no harness code
+
+    def keep_rollout(self, rollout: Rollout) -> bool:
+        return self._run(_KEEP_ROLLOUT, self.harness.keep_rollout, rollout)
+
+    def keep_group(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> bool:
+        return self._run(_KEEP_GROUP, self.harness.keep_group, rollouts, rewards)
+
+    def stop(self, turns: Sequence[Turn]) -> str | None:
+        return self._run(_STOP, self.harness.stop, turns)
+
+
+@dataclass(frozen=True)
+class _Boot:
+    tmpdir: str
+    harnesses: tuple[tuple[str, Mapping[str, str]], ...]
+    job: Any
+
+
+def _send(conn: Connection, message: tuple) -> None:
+    try:
+        conn.send(message)
+    except (BrokenPipeError, EOFError, OSError):
+        os._exit(0)  # the parent is gone or closed the pipe: nothing left to report to
+
+
+def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
+    os.setsid()  # its own process group, so a timeout kill takes anything it started with it
+    os.chdir(boot.tmpdir)
+    sys.dont_write_bytecode = True  # importlib writing .pyc files would look like a violation
+    guard = _Guard(boot.tmpdir)
+    guard.install()
+    try:
+        state = boot.job.open()
+    except Exception:  # noqa: BLE001
+        _send(conn, ("error", traceback.format_exc()))
+        return
+    guard.lock()
+    harnesses = {}
+    for slot, (label, sources) in enumerate(boot.harnesses):
+        marks[0], marks[1] = slot * 16 + _LOAD, time.monotonic()
+        try:
+            harness = Harness(sources, Path(label))
+        except HarnessError as exc:
+            _send(conn, ("failed", label, str(exc)))
+            return
+        except BaseException as exc:  # noqa: BLE001
+            _send(conn, ("failed", label, f"loading raised {type(exc).__name__}: {exc}"))
+            return
+        finally:
+            marks[1] = 0.0
+        if guard.violations:
+            _send(conn, ("failed", label, f"loading the harness files attempted {guard.violations[0]}"))
+            return
+        harnesses[label] = SandboxedHarness(harness, label, slot, marks, guard)
+    _send(conn, ("ready", {label: h.version for label, h in harnesses.items()}))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        try:
+            _send(conn, ("done", boot.job.run(state, harnesses, message)))
+        except CandidateFailure as failure:
+            _send(conn, ("failed", failure.harness, failure.reason))
+        except Exception:  # noqa: BLE001 -- our own bug: report it, the parent raises SandboxError
+            _send(conn, ("error", traceback.format_exc()))
+
+
+# ---------------------------------------------------------------- in the parent
+
+
+class _Worker:
+    def __init__(self, ctx: Any, boot: _Boot):
+        self.marks = ctx.RawArray("d", 2)
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, self.marks, boot),
+                                   name="evotrainer-sandbox", daemon=True)
+        self.tmpdir = boot.tmpdir
+        self.labels = [label for label, _ in boot.harnesses]
+        self.ready = False
+        self.busy: list[int] = []  # message indexes in flight, oldest first
+        with _START_LOCK, _worker_env():
+            self.process.start()
+        child.close()
+
+    def current_call(self) -> tuple[str, str, float] | None:
+        """(harness label, what, seconds running) of the harness call in progress, if any."""
+        code, started = self.marks[0], self.marks[1]
+        if not started:
+            return None
+        slot, call = divmod(int(code), 16)
+        label = self.labels[slot] if slot < len(self.labels) else "?"
+        return label, _CALLS.get(call, "harness code"), time.monotonic() - started
+
+    def kill(self) -> None:
+        if self.process.pid is not None and self.process.exitcode is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        self.process.join(5)
+
+    def close(self) -> None:
+        if self.process.exitcode is None and not self.busy:  # idle: let it exit on its own
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(2)
+        self.kill()
+        self.conn.close()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+_WORKER_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1"}
+
+
+@contextmanager
+def _worker_env() -> Iterator[None]:
+    """What a spawned worker inherits: fixed str hashing, so `hash()` and set order (and so a
+    harness's results) are the same in every worker and every replay; one BLAS thread per worker.
+    Restored in the parent as soon as the worker has started."""
+    saved = {k: os.environ.get(k) for k in _WORKER_ENV}
+    os.environ.update(_WORKER_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class SandboxPool:
+    """Worker processes that each load the same harnesses and run a trusted job on messages.
+
+    `harnesses` is [(label, {filename: text})]. `imap` hands messages out (at most two in flight
+    per worker) and yields `(index, reply)` as replies arrive. A harness fault in any worker stops
+    every worker and raises CandidateFailure naming the harness by its label; the pool is then
+    closed, and the calling process carries on.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self, harnesses: Sequence[tuple[str, Mapping[str, str]]], job: WorkerJob,
+                 workers: int = 1, limits: SandboxLimits = SandboxLimits()):
+        self.harnesses = tuple((label, dict(sources)) for label, sources in harnesses)
+        self.job, self.limits = job, limits
+        self.size = max(1, int(workers))
+        self.workers: list[_Worker] = []
+        self.versions: dict[str, str] = {}
+
+    def __enter__(self) -> "SandboxPool":
+        ctx = multiprocessing.get_context("spawn")
+        try:
+            for _ in range(self.size):
+                tmpdir = tempfile.mkdtemp(prefix="evotrainer-sandbox-")
+                self.workers.append(_Worker(ctx, _Boot(tmpdir, self.harnesses, self.job)))
+            self._await_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.workers = []
+
+    def _await_ready(self) -> None:
+        # Loading harness files is timed per worker (marks); this bounds the interpreter start.
+        deadline = time.monotonic() + 2 * self.limits.load_timeout_s
+        while not all(w.ready for w in self.workers):
+            for worker, kind, payload in self._poll(deadline):
+                if kind != "ready":
+                    raise SandboxError(f"worker sent {kind!r} before it was ready")
+                worker.ready = True
+                self.versions = payload
+
+    def imap(self, messages: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+        pending = enumerate(messages)
+        exhausted = False
+        while True:
+            for worker in self.workers:
+                while not exhausted and len(worker.busy) < 2:
+                    item = next(pending, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    worker.busy.append(item[0])
+                    worker.conn.send(item[1])
+            if exhausted and not any(w.busy for w in self.workers):
+                return
+            for worker, kind, payload in self._poll(None):
+                if kind != "done":
+                    raise SandboxError(f"worker sent {kind!r} while busy")
+                yield worker.busy.pop(0), payload
+
+    def _poll(self, load_deadline: float | None) -> Iterator[tuple[_Worker, str, Any]]:
+        """Wait for messages; turn faults, deaths and timeouts into exceptions (workers stopped)."""
+        while True:
+            by_conn = {w.conn: w for w in self.workers}
+            by_sentinel = {w.process.sentinel: w for w in self.workers}
+            ready = wait([*by_conn, *by_sentinel], timeout=self.POLL_S)
+            got = []
+            for obj in ready:
+                worker = by_conn.get(obj)
+                if worker is None:
+                    continue
+                try:
+                    message = worker.conn.recv()
+                except (EOFError, OSError):
+                    continue  # died: its sentinel tells below
+                kind = message[0]
+                if kind == "failed":
+                    self.close()
+                    raise CandidateFailure(message[2], message[1])
+                if kind == "error":
+                    self.close()
+                    raise SandboxError(f"backtest worker failed:\n{message[1]}")
+                got.append((worker, kind, message[1]))
+            if got:
+                yield from got
+                return
+            for obj in ready:
+                if obj in by_sentinel:
+                    self._died(by_sentinel[obj])
+            self._check_time(load_deadline)
+
+    def _died(self, worker: _Worker) -> None:
+        worker.process.join(1)
+        code = worker.process.exitcode
+        call = worker.current_call()
+        self.close()
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        if call is not None:
+            raise CandidateFailure(f"the worker process died ({how}) during {call[1]}", call[0])
+        if not worker.ready:
+            raise CandidateFailure(f"the worker process died ({how}) while loading the harnesses",
+                                   worker.labels[-1])
+        raise SandboxError(f"a backtest worker died ({how}) outside harness code")
+
+    def _check_time(self, load_deadline: float | None) -> None:
+        for worker in self.workers:
+            call = worker.current_call()
+            if call is None:
+                continue
+            label, what, running = call
+            limit = self.limits.load_timeout_s if what == _CALLS[_LOAD] else self.limits.call_timeout_s
+            if running > limit:
+                self.close()
+                raise CandidateFailure(f"{what} did not return within {limit:g} s (worker killed)", label)
+        if load_deadline is not None and time.monotonic() > load_deadline:
+            self.close()
+            raise SandboxError("a sandbox worker did not start in time")
+
+
+__all__ = ["ALLOWED_MODULES", "CandidateFailure", "SandboxError", "SandboxLimits", "SandboxPool",
+           "SandboxedHarness", "WorkerJob"]

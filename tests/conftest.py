@@ -1,0 +1,27 @@
+"""Shared fixtures. The embedded model is converted once per machine into EVOTRAINER_HOME."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def embedded_model_dir():
+    from evotrainer.policy.embedded import embedded_model_dir as convert
+
+    return convert()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet():
+    from evotrainer.cli.main import quiet_libraries
+
+    quiet_libraries()
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("EVOTRAINER_TEST_ARTIFACTS", "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
