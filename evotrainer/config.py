@@ -64,6 +64,24 @@ class GateConfig(_Strict):
     determinism_sample: float = Field(0.02, ge=0, le=1)  # share of groups scored twice
 
 
+class LLMAgentConfig(_Strict):
+    base_url: str | None = None  # else $EVOTRAINER_LLM_BASE_URL / $OPENAI_BASE_URL
+    model: str | None = None  # else $EVOTRAINER_LLM_MODEL
+    api_key_env: str = "EVOTRAINER_LLM_API_KEY"  # the env var that holds the key, never the key
+    temperature: float = 0.2
+    max_retries: int = Field(2, ge=0)
+
+
+class CoevolveConfig(_Strict):
+    """The outer loop (trusted config): agent choice and the verification rule."""
+
+    agent: Literal["rules", "llm"] = "rules"
+    max_proposals: int = Field(6, ge=1)  # backtested per round; at most one is promoted
+    enable_skills: list[str] = Field(default_factory=list)  # off-by-default skills to allow
+    verify_z: float = Field(2.0, ge=0)  # a regression beyond z standard errors reverts
+    llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
+
+
 class Config(_Strict):
     domain: DomainConfig = Field(default_factory=DomainConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -73,6 +91,7 @@ class Config(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    coevolve: CoevolveConfig = Field(default_factory=CoevolveConfig)
     run_name: str = "default"
 
     @field_validator("policy")

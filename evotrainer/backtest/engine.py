@@ -162,7 +162,9 @@ def resolve(store: Store, selector: Selector) -> Selection:
             for i in range(0, len(selector.ids), _IN):
                 found += conn.scalar(select(func.count()).where(c.id.in_(selector.ids[i:i + _IN])))
             if found != len(selector.ids):
-                missing = [rid for rid in selector.ids[:_IN * 4] if not store.existing_ids([rid])]
+                sample = selector.ids[:_IN * 4]
+                known = store.existing_ids(sample)
+                missing = [rid for rid in sample if rid not in known]
                 raise ValueError(f"{len(selector.ids) - found} listed rollout id(s) are not in the store"
                                  f" (e.g. {', '.join(missing[:3])})")
             return Selection(selector, None, len(selector.ids))
@@ -264,11 +266,15 @@ class _Fact:
         return Rollout(**self.fields, meta=meta)
 
 
+def _loads_list(text: str | None) -> list:
+    return [] if not text or text == "[]" else json.loads(text)
+
+
 def _fact(row: Sequence[Any]) -> _Fact:
     (seq, rid, task_id, group_id, domain, prompt, completion, turns_text, success, score, kind,
      flags_text, num_tokens, truncated, meta_text) = row
-    turns = tuple(Turn(t["role"], t["content"]) for t in json.loads(turns_text or "[]"))
-    flags = tuple(json.loads(flags_text or "[]"))
+    turns = tuple(Turn(t["role"], t["content"]) for t in _loads_list(turns_text))
+    flags = tuple(_loads_list(flags_text))
     outcome = Outcome(bool(success), float(score), kind, flags)
     meta_text = meta_text or "{}"
     # Harness code gets its own copy of nested meta, so one harness cannot edit what the other sees.
@@ -364,9 +370,11 @@ class ChunkJob:
 
 
 def _score_group(h: SandboxedHarness, members: list[_Fact], tally: Tally, check: bool) -> None:
-    flat = {}
-    rollouts = [f.rollout(None if f.nested_meta else flat.setdefault(f.meta_text, json.loads(f.meta_text)))
-                for f in members]
+    flat: dict[str, dict] = {}  # flat meta holds only immutable values: one parsed copy will do
+    for f in members:
+        if not f.nested_meta and f.meta_text not in flat:
+            flat[f.meta_text] = json.loads(f.meta_text)
+    rollouts = [f.rollout(None if f.nested_meta else flat[f.meta_text]) for f in members]
     current = members[0].id
     try:
         rewards, keeps, cuts, components = [], [], [], []

@@ -173,7 +173,8 @@ def list_cmd(
         return
     table = Table(title=f"{len(rows)} backtest(s)", title_justify="left")
     for col in ("id", "created", "candidate", "base", "rollouts", "target", "decision"):
-        table.add_column(col, justify="right" if col == "rollouts" else "left")
+        table.add_column(col, justify="right" if col == "rollouts" else "left",
+                         no_wrap=col in ("id", "decision"), overflow="fold")
     for r in rows:
         good = r["decision"] == "promote"
         table.add_row(r["id"], r["created_at"][:19].replace("T", " "),
@@ -215,8 +216,7 @@ def replay_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: all cores)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
-    """Re-run a backtest on the same commits, rollout ids and gate; exit 1 unless every metric
-    and the decision reproduce exactly."""
+    """Re-run a backtest on the same commits, rollouts and gate; exit 1 unless all reproduces."""
     from evotrainer.backtest import replay
 
     ws = _workspace(workdir)

@@ -20,6 +20,7 @@ app = typer.Typer(
     help="Train LLM agents with LoRA + GRPO while co-evolving the training harness.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # reflow docstring paragraphs in --help
 )
 console = Console(stderr=True)
 
@@ -45,13 +46,17 @@ def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain:
 
 def _register_subapps() -> None:
     from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
+    from evotrainer.cli.diagnose import diagnose_cmd
     from evotrainer.cli.harness import app as harness_app
     from evotrainer.cli.rollouts import app as rollouts_app
+    from evotrainer.cli.skills import app as skills_app
 
     app.add_typer(rollouts_app, name="rollouts")
     app.add_typer(harness_app, name="harness")
     app.command("backtest")(backtest_cmd)
     app.add_typer(backtests_app, name="backtests")
+    app.command("diagnose")(diagnose_cmd)
+    app.add_typer(skills_app, name="skills")
 
 
 @app.command()
@@ -112,6 +117,50 @@ def _print_train_summary(session, result) -> None:
         table.add_row(str(s.index), f"{s.heldout_success:.3f}", f"{s.train_reward:.3f}",
                       f"{s.train_success:.3f}", f"{s.step_time:.1f}", s.adapter)
     Console().print(table)
+
+
+@app.command()
+def coevolve(
+    domain: str = DomainOpt,
+    rounds: int = typer.Option(3, "--rounds", help="Rounds to run (with --resume: the run's total)."),
+    agent: Optional[str] = typer.Option(None, "--agent", help="Outer agent: rules (default, offline) or llm."),
+    workdir: Optional[Path] = WorkdirOpt,
+    approve: bool = typer.Option(False, "--approve", help="Pause before each promotion: show the diff "
+                                 "and the backtest, and wait for yes/no."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed run at the stage it reached."),
+    config: Optional[Path] = ConfigOpt,
+    overrides: Optional[List[str]] = OverridesArg,
+):
+    """Co-evolve policy and harness: train, verify, diagnose, propose, backtest, promote.
+
+    Each round trains under the harness at `main`, checks last round's promotion on held-out
+    verified success (reverting it if that regressed beyond noise), diagnoses the round's
+    rollouts, backtests every proposal on them, and promotes at most one through the gate.
+    """
+    from evotrainer.coevolve import Coevolution
+
+    extra = [f"coevolve.agent={agent}"] if agent else []
+    cfg = load_or_exit(config, (overrides or []) + extra, domain)
+    loop = Coevolution(cfg, resolve_workdir(workdir), console,
+                       approve=_ask_approval if approve else None)
+    try:
+        state = loop.run(rounds, resume=resume)
+    except RuntimeError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2)
+    promoted = [h["promoted"] for h in state.history if h.get("promoted")]
+    console.print(f"[bold]{len(state.history)} round(s) done; promoted: {', '.join(promoted) or 'nothing'}")
+
+
+def _ask_approval(candidate, report, diff: str) -> bool:
+    from rich.syntax import Syntax
+
+    from evotrainer.backtest import render_markdown
+
+    console.rule(f"[bold]approve {candidate.branch}?")
+    console.print(Syntax(diff or "(no diff)", "diff", word_wrap=True))
+    console.print(render_markdown(report))
+    return typer.confirm(f"promote {candidate.branch} into main?", default=False, err=True)
 
 
 @app.command("eval")
@@ -184,11 +233,24 @@ def quiet_libraries() -> None:
         pass
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that describe bad input, shown as one clear message instead of a traceback."""
+    from evotrainer.harness.loader import HarnessError
+    from evotrainer.harness.repo import HarnessRepoError
+    from evotrainer.policy import PolicyError
+    from evotrainer.workspace import WorkspaceError
+
+    return (ConfigError, HarnessError, HarnessRepoError, PolicyError, WorkspaceError)
+
+
 def main() -> None:
     _register_subapps()
     quiet_libraries()
     try:
         app()
+    except _user_errors() as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: everything scored so far is in the store; run the same "
                       "command again to resume[/yellow]")

@@ -37,7 +37,7 @@ CODE_FILES: dict[str, tuple[str, ...]] = {
     "diagnostics.py": ("PROBES",),
 }
 HARNESS_FILES = (SPEC_FILE, *CODE_FILES)
-DIMENSIONS = ("result", "behaviour", "efficiency", "model_state")
+DIMENSIONS = ("result", "behaviour", "efficiency", "model_state", "test_structure")
 DIRECTIONS = ("above", "below")
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
@@ -227,9 +227,12 @@ def validate_stop(value: Any) -> str | None:
     raise HarnessError(f"rollout.py: stop() returned {value!r}, expected a non-empty str or None")
 
 
-def validate_probe_value(value: Any, name: str) -> float:
+def validate_probe_value(value: Any, name: str) -> float | None:
+    """A finite float, or None: "not measurable on these rollouts" (e.g. turns of single-turn ones)."""
+    if value is None:
+        return None
     if not _real(value) or not math.isfinite(float(value)):
-        raise HarnessError(f"diagnostics.py: probe {name}() returned {value!r}, expected a finite float")
+        raise HarnessError(f"diagnostics.py: probe {name}() returned {value!r}, expected a finite float or None")
     return float(value)
 
 
@@ -247,12 +250,14 @@ class Probe:
     direction: str
     fn: Callable[[Sequence[Rollout], Sequence[float]], float]
 
-    def evaluate(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float:
+    def evaluate(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float | None:
         value = _call("diagnostics.py", f"probe {self.name}", self.fn, tuple(rollouts), tuple(rewards))
         return validate_probe_value(value, self.name)
 
-    def level(self, value: float) -> str:
-        """"ok", "warn" or "critical" for a value of this probe."""
+    def level(self, value: float | None) -> str:
+        """"ok", "warn" or "critical" for a value of this probe; "n/a" for None."""
+        if value is None:
+            return "n/a"
         past = (lambda t: value > t) if self.direction == "above" else (lambda t: value < t)
         return "critical" if past(self.critical) else "warn" if past(self.warn) else "ok"
 
@@ -450,7 +455,7 @@ class Harness:
     def stop(self, turns: Sequence[Turn]) -> str | None:
         return validate_stop(_call("rollout.py", "stop", self._stop, tuple(turns)))
 
-    def probe_values(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float]:
+    def probe_values(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float | None]:
         """Every probe's value on one batch, by probe name."""
         return {p.name: p.evaluate(rollouts, rewards) for p in self.probes}
 

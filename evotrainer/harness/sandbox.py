@@ -28,6 +28,7 @@ from __future__ import annotations
 import builtins
 import multiprocessing
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -84,7 +85,8 @@ class SandboxError(RuntimeError):
 @dataclass(frozen=True)
 class SandboxLimits:
     call_timeout_s: float = 5.0  # any one call into harness code
-    load_timeout_s: float = 60.0  # starting a worker and executing the harness files
+    load_timeout_s: float = 60.0  # executing the harness files in a worker
+    memory_limit_mb: int = 4096  # address space of one worker (0: no limit)
 
 
 class WorkerJob(Protocol):
@@ -99,14 +101,20 @@ class WorkerJob(Protocol):
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _BLOCKED = ("os.system", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn",
-            "os.kill", "os.killpg", "os.startfile", "subprocess.", "socket.", "ctypes.",
-            "sqlite3.connect", "pty.spawn", "webbrowser.open", "_posixsubprocess")
-_PATH_EVENTS = frozenset({
-    "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.truncate", "os.link", "os.symlink",
-    "os.chmod", "os.chown", "os.lchown", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo",
-    "os.mknod", "os.setxattr", "os.removexattr", "shutil.rmtree", "shutil.copyfile",
-    "shutil.copymode", "shutil.copystat", "shutil.move", "shutil.chown", "shutil.copytree",
-})
+            "os.kill", "os.killpg", "os.startfile", "signal.pthread_kill", "subprocess.",
+            "socket.", "ctypes.", "sqlite3.connect", "pty.spawn", "webbrowser.open",
+            "_posixsubprocess", "resource.setrlimit", "resource.prlimit")
+# event -> (indexes of path arguments, indexes of dir_fd arguments), as CPython raises them
+_PATH_EVENTS = {
+    "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
+    "os.chmod": ((0,), (2,)), "os.chown": ((0,), (3,)), "os.utime": ((0,), (3,)),
+    "os.rename": ((0, 1), (2, 3)), "os.link": ((0, 1), (2, 3)), "os.symlink": ((0, 1), (2,)),
+    "os.truncate": ((0,), ()), "os.chflags": ((0,), ()), "os.lchflags": ((0,), ()),
+    "os.mkfifo": ((0,), (2,)), "os.mknod": ((0,), (3,)), "os.setxattr": ((0,), ()),
+    "os.removexattr": ((0,), ()), "shutil.rmtree": ((0,), (1,)), "shutil.copyfile": ((1,), ()),
+    "shutil.copymode": ((1,), ()), "shutil.copystat": ((1,), ()), "shutil.copytree": ((1,), ()),
+    "shutil.move": ((0, 1), ()), "shutil.chown": ((0,), ()),
+}
 
 
 class _Guard:
@@ -131,11 +139,11 @@ class _Guard:
         raise exc(f"sandbox: {what} is not allowed in harness code")
 
     def _inside(self, path: Any) -> bool:
-        if isinstance(path, int):
-            return True  # an already open descriptor
         try:
+            if isinstance(path, int):  # a descriptor: where does it point? (a pipe is nowhere)
+                path = os.readlink(f"/proc/self/fd/{path}")
             real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
+        except (OSError, TypeError, ValueError):
             return False
         return real == self.tmpdir or real.startswith(self.tmpdir + os.sep) or real == os.devnull
 
@@ -147,8 +155,11 @@ class _Guard:
             if flags & _WRITE_FLAGS and not self._inside(path):
                 self._refuse(f"opening {path!r} for writing (outside the sandbox temp dir)")
         elif event in _PATH_EVENTS:
-            paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
-            if not paths or not all(self._inside(p) for p in paths):
+            path_at, dir_fd_at = _PATH_EVENTS[event]
+            paths = [args[i] for i in path_at if i < len(args)]
+            if any(i < len(args) and args[i] is not None for i in dir_fd_at):
+                self._refuse(f"{event} with dir_fd")
+            if not all(self._inside(p) for p in paths):
                 self._refuse(f"{event}({', '.join(map(repr, paths))}) outside the sandbox temp dir")
         elif event.startswith(_BLOCKED):
             self._refuse(event)
@@ -200,6 +211,15 @@ def _import_problem(name: str, fromlist: Sequence[str], level: int) -> str | Non
             f"modules such as math, re, json, collections)")
 
 
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of an exception that harness code made, which may not print."""
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text[:500]}"
+
+
 class SandboxedHarness:
     """A Harness whose every call is timed for the parent's watchdog and fails as CandidateFailure."""
 
@@ -216,8 +236,8 @@ class SandboxedHarness:
             value = method(*args)
         except HarnessError as exc:
             raise CandidateFailure(str(exc), self.label) from None
-        except BaseException as exc:  # noqa: BLE001 -- e.g. KeyboardInterrupt raised by the harness
-            raise CandidateFailure(f"{_CALLS[code]} raised {type(exc).__name__}: {exc}", self.label) from None
+        except BaseException as exc:  # noqa: BLE001 -- e.g. an exception whose __str__ raises
+            raise CandidateFailure(f"{_CALLS[code]} raised {_describe(exc)}", self.label) from None
         finally:
             marks[1] = 0.0
         if self._guard.violations:
@@ -245,6 +265,7 @@ class _Boot:
     tmpdir: str
     harnesses: tuple[tuple[str, Mapping[str, str]], ...]
     job: Any
+    memory_limit_mb: int
 
 
 def _send(conn: Connection, message: tuple) -> None:
@@ -258,6 +279,13 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
     os.setsid()  # its own process group, so a timeout kill takes anything it started with it
     os.chdir(boot.tmpdir)
     sys.dont_write_bytecode = True  # importlib writing .pyc files would look like a violation
+    # Harness prints would land in the middle of the parent's progress bar.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    if boot.memory_limit_mb:  # a runaway allocation is a MemoryError in the harness, not host swap
+        limit = boot.memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     guard = _Guard(boot.tmpdir)
     guard.install()
     try:
@@ -275,7 +303,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
             _send(conn, ("failed", label, str(exc)))
             return
         except BaseException as exc:  # noqa: BLE001
-            _send(conn, ("failed", label, f"loading raised {type(exc).__name__}: {exc}"))
+            _send(conn, ("failed", label, f"loading raised {_describe(exc)}"))
             return
         finally:
             marks[1] = 0.0
@@ -334,7 +362,7 @@ class _Worker:
         self.process.join(5)
 
     def close(self) -> None:
-        if self.process.exitcode is None and not self.busy:  # idle: let it exit on its own
+        if self.process.exitcode is None and self.ready and not self.busy:  # idle: let it exit
             try:
                 self.conn.send(None)
             except (BrokenPipeError, OSError):
@@ -390,7 +418,8 @@ class SandboxPool:
         try:
             for _ in range(self.size):
                 tmpdir = tempfile.mkdtemp(prefix="evotrainer-sandbox-")
-                self.workers.append(_Worker(ctx, _Boot(tmpdir, self.harnesses, self.job)))
+                boot = _Boot(tmpdir, self.harnesses, self.job, self.limits.memory_limit_mb)
+                self.workers.append(_Worker(ctx, boot))
             self._await_ready()
         except BaseException:
             self.close()
@@ -449,6 +478,12 @@ class SandboxPool:
                     message = worker.conn.recv()
                 except (EOFError, OSError):
                     continue  # died: its sentinel tells below
+                except Exception as exc:  # noqa: BLE001 -- harness code wrote to the pipe
+                    call = worker.current_call()
+                    self.close()
+                    raise CandidateFailure(
+                        f"corrupted the worker's result pipe ({type(exc).__name__})"
+                        + (f" during {call[1]}" if call else ""), call[0] if call else "candidate") from None
                 kind = message[0]
                 if kind == "failed":
                     self.close()

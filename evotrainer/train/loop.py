@@ -205,7 +205,7 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
         session.console.print(f"[cyan]resuming run {cfg.run_name!r} after round {last[0]} ({adapter})")
     model, tokenizer = load_policy(cfg.policy.model, adapter, trainable=True)
     base = None
-    if not any(e["round_id"] is None for e in session.store.evals(session.run_id)):
+    if not any(e["round_id"] is None and e["adapter"] is None for e in session.store.evals(session.run_id)):
         base = evaluate_heldout(session, model, tokenizer, None, None)
         session.console.print(f"base held-out success: {statistics.fmean(r.success_rate for r in base):.3f}")
     model = build_peft(model, session.grpo)

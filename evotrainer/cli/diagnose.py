@@ -1,0 +1,100 @@
+"""`evotrainer diagnose`: the health report of stored rollouts under a harness version."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+
+STORE_URL_ENV = "EVOTRAINER_STORE_URL"
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code)
+
+
+def report_name(run: str | None, round_: int | None, domain: str | None) -> str:
+    """File stem under diagnostics/: e.g. `default-round2`, `all-math`."""
+    parts = [run or "all"] + ([f"round{round_}"] if round_ is not None else []) + ([domain] if domain else [])
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+
+
+def diagnose_cmd(
+    run: Optional[str] = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
+    round_: Optional[int] = typer.Option(None, "--round", help="Only rollouts of round K."),
+    workdir: Optional[Path] = WorkdirOpt,
+    rev: str = typer.Option("main", "--rev", help="Harness revision whose rewards and probes to use."),
+    domain: Optional[str] = typer.Option(None, "--domain", "-d",
+                                         help="Only rollouts of this domain (default: the workspace's)."),
+    name: Optional[str] = typer.Option(None, "--name", help="File stem for diagnostics/NAME.md and .json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+):
+    """Run the harness's probes over stored rollouts: one table per dimension, example rollouts per
+    alert; writes WORKDIR/diagnostics/<name>.md and .json. Works on imported rollouts too."""
+    from evotrainer.diagnose import health_report
+    from evotrainer.diagnose.render import alert_panels, dimension_tables, summary_line
+    from evotrainer.harness.loader import load_harness
+    from evotrainer.harness.repo import HarnessRepo
+    from evotrainer.paths import HARNESSES_DIR
+    from evotrainer.store import Store
+    from evotrainer.workspace import Workspace
+
+    ws = Workspace(resolve_workdir(workdir))
+    url = os.environ.get(STORE_URL_ENV)
+    if not url and not ws.store_path.exists():
+        raise _fail(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
+    with (Store(url) if url else Store.open(ws.root)) as store:
+        run_id = None
+        if run is not None:
+            run_id = store.run_id(run)
+            if run_id is None:
+                raise _fail(f"no run named {run!r}")
+        domain = domain or ws.domain
+        if domain is None:  # no workspace: judge the rollouts by their own domain
+            first = next(store.iter_rollouts(run_id=run_id, round_index=round_, limit=1), None)
+            domain = first.rollout.domain if first is not None else None
+        if domain is None:
+            raise _fail("no rollouts match")
+        if ws.exists():
+            harness = HarnessRepo(ws.harnesses).load(rev)
+            where = f"{rev} ({harness.version[:7]})"
+        else:
+            seed = HARNESSES_DIR / domain
+            if rev != "main" or not seed.is_dir():
+                raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain {domain} "
+                            f"--workdir {ws.root}`)")
+            harness = load_harness(seed)
+            where = f"the shipped {domain} seed harness"
+            err.print(Text(f"no harness repo at {ws.harnesses}: using {where}", style="yellow"))
+        scope = ", ".join(f"{k}={v}" for k, v in (("run", run), ("round", round_), ("domain", domain))
+                          if v is not None)
+        rows = store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain)
+        report = health_report(harness, rows, scope=f"{scope}, harness {where}")
+    if report.n_rollouts == 0:
+        raise _fail(f"no rollouts match ({scope})")
+    out_dir = ws.root / "diagnostics"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = name or report_name(run, round_, domain)
+    data = report.to_json()
+    (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out_dir / f"{stem}.md").write_text(report.to_markdown(), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    out = Console()
+    out.print(summary_line(report))
+    for table in dimension_tables(report):
+        out.print(table)
+    for panel in alert_panels(report):
+        out.print(panel)
+    err.print(Text(f"wrote {out_dir / stem}.md and .json", style="dim"))

@@ -1,0 +1,277 @@
+"""`evotrainer coevolve`: train -> verify -> diagnose -> propose -> backtest -> promote, per round.
+
+Each stage's outcome is saved in `<workdir>/coevolve.json` before the next begins, and every
+harness change is a git commit, so a kill at any point resumes at the stage it interrupted.
+At most one change is promoted per round, so its live effect can be attributed to it; the
+next round verifies it on held-out verified success and reverts it if that regressed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
+from evotrainer.coevolve.state import Candidate, Pending, RunState
+from evotrainer.coevolve.verify import Verdict, verify
+from evotrainer.config import Config
+from evotrainer.harness.repo import HarnessRepo
+from evotrainer.store import Store
+from evotrainer.workspace import Workspace, ensure_workspace
+
+# approve(candidate, backtest report, diff text) -> promote?
+Approver = Callable[[Candidate, dict, str], bool]
+
+FAILURE_PROBE = "failure_reward_mean"
+
+
+class Coevolution:
+    def __init__(self, config: Config, workdir: Path, console: Console | None = None,
+                 approve: Approver | None = None):
+        self.config = config
+        self.console = console or Console(stderr=True)
+        self.approve = approve
+        self.ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
+        self.repo = HarnessRepo(self.ws.harnesses)
+        self.state_path = self.ws.root / "coevolve.json"
+
+    # -- driver ------------------------------------------------------------------------------
+
+    def run(self, rounds: int, resume: bool = False) -> RunState:
+        state = RunState.load(self.state_path)
+        if state is None or not resume:
+            if state is not None and state.stage != "train":
+                raise RuntimeError(f"{self.state_path} holds an unfinished round {state.round} "
+                                   f"(stage {state.stage}): pass --resume to continue it")
+            state = state or RunState(run=self.config.run_name, domain=self.config.domain.name)
+        if state.run != self.config.run_name:
+            raise RuntimeError(f"workspace holds co-evolution run {state.run!r}, config says "
+                               f"{self.config.run_name!r}")
+        target = state.round + rounds if state.stage == "train" and not resume else None
+        target = target if target is not None else self._resume_target(state, rounds)
+        while state.round < target:
+            self.run_round(state)
+        return state
+
+    def _resume_target(self, state: RunState, rounds: int) -> int:
+        # On resume, --rounds counts from the first round of the run, so the same command
+        # line finishes what the killed one started.
+        return max(rounds, state.round + (0 if state.stage == "train" else 1))
+
+    def run_round(self, state: RunState) -> None:
+        k = state.round
+        steps = [("train", self.stage_train), ("verify", self.stage_verify),
+                 ("diagnose", self.stage_diagnose), ("propose", self.stage_propose),
+                 ("backtest", self.stage_backtest), ("promote", self.stage_promote)]
+        names = [s for s, _ in steps]
+        start = names.index(state.stage) if state.stage in names else len(names)
+        self.report = None
+        for name, fn in steps[start:]:
+            self.console.rule(f"[bold]round {k} · {name}")
+            fn(state)
+            nxt = names[names.index(name) + 1] if name != "promote" else "done"
+            state.advance(nxt, self.state_path)
+        self._finish_round(state)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def stage_train(self, state: RunState) -> None:
+        from evotrainer.train.loop import open_session, run_training
+
+        session = open_session(self.config, self.ws.root, self.console)
+        last = session.store.last_finished_round(session.run_id)
+        done = last[0] if last else -1
+        if done < state.round:
+            run_training(session, rounds=state.round - done)
+        session.store.close()
+
+    def stage_verify(self, state: RunState) -> None:
+        pending = state.pending
+        if pending is None:
+            self.console.print("nothing promoted last round: nothing to verify")
+            return
+        with Store.open(self.ws.root, self.config.store.url) as store:
+            run_id = store.run_id(self.config.run_name)
+            evals = [e for e in store.evals(run_id) if e["split"] == "heldout" and e["adapter"]]
+        by_round = lambda i: [e for e in evals if e["round_index"] == i]  # noqa: E731
+        verdict = verify(by_round(pending.round), by_round(state.round), self.config.coevolve.verify_z)
+        self.console.print(f"{pending.branch}: {verdict.describe()}")
+        if verdict.regressed:
+            self._revert(state, pending, verdict)
+        else:
+            self._save_skill(pending, "validated", verdict, state)
+        state.pending = None
+
+    def stage_diagnose(self, state: RunState) -> None:
+        from evotrainer.diagnose import health_report, write_report
+
+        harness = self.repo.load("main")
+        with Store.open(self.ws.root, self.config.store.url) as store:
+            run_id = store.run_id(self.config.run_name)
+            rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
+        self.report = health_report(harness, rows)
+        write_report(self.report, self.ws.root / "diagnostics", f"{self.config.run_name}-round-{state.round}")
+        for p in self.report.alerts:
+            self.console.print(f"  [{'red' if p.level == 'critical' else 'yellow'}]{p.level}[/] "
+                               f"{p.dimension}/{p.name} = {p.value:.3f}")
+
+    def stage_propose(self, state: RunState) -> None:
+        from evotrainer.propose import Evidence, get_agent
+        from evotrainer.skills import SkillLibrary
+
+        report = self.report or self._reload_report(state)
+        with Store.open(self.ws.root, self.config.store.url) as store:
+            run_id = store.run_id(self.config.run_name)
+            rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
+        samples = sorted(rows, key=lambda r: r.rollout.outcome.success)[:8]
+        evidence = Evidence(round_index=state.round, domain=self.config.domain.name, report=report,
+                            samples=samples, history=state.history)
+        agent = self._agent()
+        skills = SkillLibrary.load(self.ws.root).skills
+        proposals = agent.propose(evidence, self.repo.sources("main"), skills)
+        proposals = proposals[: self.config.coevolve.max_proposals]
+        existing = set(self.repo.candidates())
+        for p in proposals:
+            branch = f"candidate/{state.round}-{p.slug}"
+            if branch not in existing:
+                branch = self.repo.propose(state.round, p.slug, dict(p.edits), diagnosis=p.diagnosis,
+                                           targets=p.targets, expected=p.expected).branch
+            if all(c.branch != branch for c in state.candidates):
+                state.candidates.append(Candidate(p.slug, branch, p.skill, dict(p.params), p.targets,
+                                                  p.expected))
+                state.save(self.state_path)
+        self.console.print(f"{len(state.candidates)} proposal(s) from the {agent.name} agent")
+
+    def stage_backtest(self, state: RunState) -> None:
+        selector = Selector(run=self.config.run_name, round=state.round)
+        for c in state.candidates:
+            if c.backtest is not None:
+                continue
+            report = backtest(self.ws.root, c.branch, selector=selector, gate=self.config.gate)
+            c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
+            c.gain = _gain(report)
+            state.save(self.state_path)
+            colour = "green" if c.decision == "promote" else "red"
+            self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] ({report['id']}) "
+                               f"{c.reasons[0] if c.reasons else ''}")
+
+    def stage_promote(self, state: RunState) -> None:
+        passing = sorted((c for c in state.candidates if c.decision == "promote"),
+                         key=lambda c: c.gain or 0.0, reverse=True)
+        if not passing:
+            self.console.print("no candidate passed the gate: main is unchanged")
+            return
+        best = passing[0]
+        if self.approve is not None:
+            from evotrainer.backtest import load_report
+
+            report = load_report(self.ws.backtests, best.backtest)
+            if not self.approve(best, report, self.repo.diff("main", best.branch)):
+                best.decision = "reject"
+                best.reasons.append("rejected by the reviewer (--approve)")
+                self.console.print(f"{best.branch}: not promoted (reviewer said no)")
+                return
+        merge = self.repo.promote(best.branch, f"passed backtest {best.backtest} in round {state.round}")
+        state.pending = Pending(merge=merge, branch=best.branch, skill=best.skill, params=best.params,
+                                backtest=best.backtest, target=best.targets, round=state.round)
+        self.console.print(f"[green]promoted[/] {best.branch} as {merge[:8]}")
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _agent(self):
+        from evotrainer.propose import get_agent
+
+        co = self.config.coevolve
+        if co.agent == "llm":
+            import os
+
+            llm = co.llm
+            return get_agent("llm", base_url=llm.base_url, model=llm.model,
+                             api_key=os.environ.get(llm.api_key_env), temperature=llm.temperature,
+                             max_retries=llm.max_retries, max_proposals=co.max_proposals)
+        return get_agent("rules", enable=list(co.enable_skills))
+
+    def _reload_report(self, state: RunState):
+        self.stage_diagnose(state)
+        return self.report
+
+    def _finish_round(self, state: RunState) -> None:
+        with Store.open(self.ws.root, self.config.store.url) as store:
+            run_id = store.run_id(self.config.run_name)
+            rnd = next((r for r in store.rounds(run_id) if r["index"] == state.round), None)
+        metrics = (rnd or {}).get("metrics") or {}
+        promoted = state.pending.branch if state.pending and state.pending.round == state.round else None
+        summary = {"round": state.round, "harness": (rnd or {}).get("harness_version", "")[:12],
+                   "heldout_success": metrics.get("heldout_success"),
+                   "train_reward": metrics.get("train_reward"),
+                   "proposals": len(state.candidates),
+                   "passed": sum(c.decision == "promote" for c in state.candidates),
+                   "promoted": promoted,
+                   "candidates": [asdict(c) for c in state.candidates]}
+        state.history.append(summary)
+        self._print_summary(summary)
+        state.round += 1
+        state.candidates = []
+        state.advance("train", self.state_path)
+
+    def _print_summary(self, s: dict) -> None:
+        table = Table(title=f"round {s['round']} (harness {s['harness'][:8]})")
+        for col in ("candidate", "backtest", "decision", "gain", "first reason"):
+            table.add_column(col)
+        for c in s["candidates"]:
+            colour = "green" if c["decision"] == "promote" else "red"
+            table.add_row(c["branch"], c["backtest"] or "", f"[{colour}]{c['decision']}[/]",
+                          f"{c['gain']:+.3f}" if c["gain"] is not None else "",
+                          (c["reasons"] or [""])[0][:60])
+        self.console.print(table)
+        hs = s["heldout_success"]
+        self.console.print(f"held-out success {hs:.3f}" if hs is not None else "held-out success n/a",
+                           f"· promoted: {s['promoted'] or 'nothing'}")
+
+    def _save_skill(self, pending: Pending, status: str, verdict: Verdict, state: RunState) -> None:
+        from evotrainer.skills import SkillLibrary, save_learned
+
+        if pending.skill is None:
+            return
+        library = SkillLibrary.load(self.ws.root)
+        skill = library.get(pending.skill)
+        evidence = {"run": self.config.run_name, "round": state.round, "backtest": pending.backtest,
+                    "commit": pending.merge, "domain": self.config.domain.name,
+                    "params": pending.params, "note": verdict.describe()}
+        save_learned(self.ws.root, skill, status, evidence)
+        self.console.print(f"skill {pending.skill}: {status}")
+
+    def _revert(self, state: RunState, pending: Pending, verdict: Verdict) -> None:
+        why = f"live verification in round {state.round}: {verdict.describe()}"
+        sha = self.repo.revert(pending.merge, why)
+        self.console.print(f"[red]reverted[/] {pending.branch} ({sha[:8]}): {why}")
+        self._save_skill(pending, "failed", verdict, state)
+        self._revise_diagnostics(state, pending, verdict)
+
+    def _revise_diagnostics(self, state: RunState, pending: Pending, verdict: Verdict) -> None:
+        """The backtest predicted a gain and live training disagreed: add the probe that would
+        have flagged the change. Probes do not change training, so this commit skips the gate."""
+        from evotrainer.coevolve.probes import failure_reward_probe
+
+        sources = self.repo.sources("main")
+        if FAILURE_PROBE in sources.get("diagnostics.py", ""):
+            return
+        new = sources["diagnostics.py"].rstrip("\n") + "\n\n" + failure_reward_probe(FAILURE_PROBE)
+        cand = self.repo.propose(
+            state.round, f"probe-{FAILURE_PROBE.replace('_', '-')}", {"diagnostics.py": new},
+            diagnosis=f"{pending.branch} passed its backtest on {pending.target} but {verdict.describe()}",
+            targets="diagnostics",
+            expected=f"alert when verified failures earn training reward, as under {pending.branch}")
+        self.repo.promote(cand.branch, "diagnostics revision after a live contradiction")
+
+
+def _gain(report: dict) -> float | None:
+    target = report.get("target")
+    delta = (report.get("deltas") or {}).get(target)
+    if target is None or delta is None:
+        return None
+    return -delta if target in LOWER_IS_BETTER else delta

@@ -1,0 +1,72 @@
+"""The outer loop's resume point: which round and stage a co-evolution run has reached.
+
+Written atomically after every stage, so `coevolve --resume` picks up where a kill left off.
+Rollouts need no such care: the store commits them as they are scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+STAGES = ("train", "verify", "diagnose", "propose", "backtest", "promote", "done")
+
+
+@dataclass
+class Candidate:
+    slug: str
+    branch: str
+    skill: str | None
+    params: dict
+    targets: str
+    expected: str
+    backtest: str | None = None
+    decision: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    gain: float | None = None
+
+
+@dataclass
+class Pending:
+    """A promotion waiting for live verification in the next round."""
+
+    merge: str
+    branch: str
+    skill: str | None
+    params: dict
+    backtest: str
+    target: str
+    round: int  # the round whose rollouts were backtested; its held-out success is the baseline
+
+
+@dataclass
+class RunState:
+    run: str
+    domain: str
+    round: int = 0
+    stage: str = "train"
+    candidates: list[Candidate] = field(default_factory=list)
+    pending: Pending | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)  # one summary per finished round
+
+    @classmethod
+    def load(cls, path: Path) -> "RunState | None":
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        data["candidates"] = [Candidate(**c) for c in data.get("candidates", [])]
+        data["pending"] = Pending(**data["pending"]) if data.get("pending") else None
+        return cls(**data)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def advance(self, stage: str, path: Path) -> None:
+        assert stage in STAGES, stage
+        self.stage = stage
+        self.save(path)

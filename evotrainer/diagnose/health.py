@@ -1,0 +1,206 @@
+"""The health report: every probe of a harness over a batch of stored rollouts, with levels and
+example rollouts for each alert.
+
+Training rewards are recomputed with the harness being diagnosed (`reward` + `training_reward`),
+not read from the store, so a report says what *this* harness version would see; rollouts that
+came in through `rollouts import` need no training run. Examples are found generically, so a probe
+the outer agent adds gets them too: the groups on which the probe alone would alert, and inside
+them the rollouts on which it alone would alert (a truncated rollout for truncation_rate); for
+group-level probes (dead groups, duplicates) the group's first rollout stands in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from evotrainer.api import Rollout
+from evotrainer.harness.loader import Harness, HarnessError, Probe
+from evotrainer.store import StoredRollout
+
+LEVELS = ("ok", "warn", "critical", "n/a")
+SEVERITY = {"critical": 2, "warn": 1, "ok": 0, "n/a": -1}
+MAX_EXAMPLES = 3
+PREVIEW_CHARS = 240
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's value on the batch and what it means."""
+
+    name: str
+    dimension: str
+    value: float | None
+    level: str  # ok | warn | critical | n/a
+    warn: float
+    critical: float
+    direction: str  # "above": alerts when the value rises past the thresholds; "below": falls
+    examples: tuple[str, ...] = ()  # rollout ids that exemplify an alert
+    error: str | None = None  # the probe raised or returned junk: value None, level n/a
+
+    @property
+    def alert(self) -> bool:
+        return self.level in ("warn", "critical")
+
+    def threshold(self) -> float | None:
+        """The threshold this value crossed (critical before warn), None when it crossed none."""
+        return self.critical if self.level == "critical" else self.warn if self.level == "warn" else None
+
+    def describe(self) -> str:
+        """E.g. `dead_group_ratio = 0.625 (critical: above 0.5)`."""
+        if self.value is None:
+            return f"{self.name} = n/a" + (f" ({self.error})" if self.error else "")
+        crossed = self.threshold()
+        where = (f"{self.level}: {self.direction} {crossed:g}" if crossed is not None
+                 else f"ok; warn {self.direction} {self.warn:g}")
+        return f"{self.name} = {self.value:.4g} ({where})"
+
+
+@dataclass(frozen=True)
+class Example:
+    """A short view of one example rollout, enough to judge it without the store."""
+
+    id: str
+    task_id: str
+    group_id: str
+    kind: str
+    success: bool
+    reward: float
+    truncated: bool
+    num_tokens: int
+    turns: int
+    preview: str
+
+
+@dataclass
+class HealthReport:
+    probes: list[ProbeResult]
+    n_rollouts: int
+    n_groups: int
+    harness_version: str | None = None
+    scope: str = "all"
+    examples: dict[str, Example] = field(default_factory=dict)  # by rollout id
+
+    @property
+    def alerts(self) -> list[ProbeResult]:
+        """Probes at warn or critical, critical first, each in probe order."""
+        return sorted((p for p in self.probes if p.alert), key=lambda p: -SEVERITY[p.level])
+
+    def get(self, name: str) -> ProbeResult | None:
+        return next((p for p in self.probes if p.name == name), None)
+
+    def value(self, name: str) -> float | None:
+        probe = self.get(name)
+        return probe.value if probe is not None else None
+
+    def dimensions(self) -> list[str]:
+        return list(dict.fromkeys(p.dimension for p in self.probes))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "harness_version": self.harness_version,
+            "scope": self.scope,
+            "n_rollouts": self.n_rollouts,
+            "n_groups": self.n_groups,
+            "probes": [{"name": p.name, "dimension": p.dimension, "value": p.value, "level": p.level,
+                        "warn": p.warn, "critical": p.critical, "direction": p.direction,
+                        "examples": list(p.examples), **({"error": p.error} if p.error else {})}
+                       for p in self.probes],
+            "alerts": [p.name for p in self.alerts],
+            "examples": {rid: asdict(ex) for rid, ex in self.examples.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "HealthReport":
+        probes = [ProbeResult(p["name"], p["dimension"], p["value"], p["level"], p["warn"], p["critical"],
+                              p["direction"], tuple(p.get("examples", ())), p.get("error"))
+                  for p in data["probes"]]
+        examples = {rid: Example(**ex) for rid, ex in (data.get("examples") or {}).items()}
+        return cls(probes, data["n_rollouts"], data["n_groups"], data.get("harness_version"),
+                   data.get("scope", "all"), examples)
+
+    def to_markdown(self) -> str:
+        from evotrainer.diagnose.render import report_markdown
+
+        return report_markdown(self)
+
+
+def _unwrap(row: StoredRollout | Rollout) -> Rollout:
+    return row.rollout if isinstance(row, StoredRollout) else row
+
+
+def _by_group(rollouts: Iterable[Rollout]) -> list[Rollout]:
+    """Rollouts with each group's members together, groups in order of first appearance."""
+    groups: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        groups.setdefault(r.group_id, []).append(r)
+    return [r for members in groups.values() for r in members]
+
+
+def _quiet_level(probe: Probe, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> int:
+    """The probe's severity on a subset; a probe that cannot judge a subset says nothing."""
+    try:
+        return SEVERITY[probe.level(probe.evaluate(rollouts, rewards))]
+    except HarnessError:
+        return -1
+
+
+def _examples(probe: Probe, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> tuple[str, ...]:
+    spans: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        spans.setdefault(r.group_id, []).append(i)
+    ranked = []
+    for order, idx in enumerate(spans.values()):
+        severity = _quiet_level(probe, [rollouts[i] for i in idx], [rewards[i] for i in idx])
+        if severity > 0:
+            ranked.append((-severity, order, idx))
+    ranked.sort(key=lambda t: t[:2])
+    picks: list[list[str]] = []
+    for _, _, idx in ranked[:MAX_EXAMPLES * 4]:
+        hits = [rollouts[i].id for i in idx if _quiet_level(probe, [rollouts[i]], [rewards[i]]) > 0]
+        picks.append(hits or [rollouts[idx[0]].id])
+        if len(picks) >= MAX_EXAMPLES and all(picks):
+            break
+    out: list[str] = []
+    depth = 0  # one per group first, then second picks, so examples span groups
+    while len(out) < MAX_EXAMPLES and any(len(p) > depth for p in picks):
+        out += [p[depth] for p in picks if len(p) > depth][: MAX_EXAMPLES - len(out)]
+        depth += 1
+    return tuple(out)
+
+
+def _preview(r: Rollout) -> str:
+    text = r.completion if r.completion.strip() or not r.turns else r.turns[-1].content
+    text = " ".join(text.split())
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
+def health_report(harness: Harness, rows: Iterable[StoredRollout | Rollout], *, scope: str = "all",
+                  examples: bool = True) -> HealthReport:
+    """Evaluate every probe of `harness` on `rows` (StoredRollouts or api Rollouts).
+
+    A reward fault is a HarnessError (the harness under diagnosis cannot score these rollouts);
+    a probe fault only marks that probe n/a with its error.
+    """
+    rollouts = _by_group(_unwrap(row) for row in rows)
+    rewards = [harness.training_reward(harness.reward(r)) for r in rollouts]
+    results = []
+    for probe in harness.probes:
+        try:
+            value, error = probe.evaluate(rollouts, rewards), None
+        except HarnessError as exc:
+            value, error = None, str(exc)
+        level = probe.level(value)
+        ids = _examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
+        results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,
+                                   probe.direction, ids, error))
+    index = {r.id: (r, w) for r, w in zip(rollouts, rewards)}
+    shown = {}
+    for result in results:
+        for rid in result.examples:
+            r, w = index[rid]
+            shown[rid] = Example(r.id, r.task_id, r.group_id, r.outcome.kind, r.outcome.success, w,
+                                 r.truncated, r.num_tokens, sum(t.role == "assistant" for t in r.turns),
+                                 _preview(r))
+    n_groups = len({r.group_id for r in rollouts})
+    return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown)

@@ -1,0 +1,140 @@
+"""A real OpenAI-compatible chat-completions server on loopback, serving scripted replies.
+
+Test infrastructure, not a mock of our code: the `openai` SDK talks real HTTP to it. It speaks
+`POST /v1/chat/completions` and `GET /v1/models`, answers each completion with the next scripted
+reply, and records every request (path, headers, JSON body) for the test to inspect.
+
+A scripted reply is a string (the assistant's content), or a dict with `content` and optionally
+`finish_reason`, or `{"status": 401, "message": ...}` for an HTTP error. With no reply left the
+server answers 400 (the SDK does not retry that), so a test that under-scripts fails fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterable
+
+
+class ChatServer:
+    """`with ChatServer(["reply", ...]) as server:` serves on `server.url` (ends in /v1)."""
+
+    def __init__(self, replies: Iterable[str | dict[str, Any]] = (), model: str = "test-model"):
+        self.model = model
+        self.replies: deque[str | dict[str, Any]] = deque(replies)
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, *replies: str | dict[str, Any]) -> None:
+        with self._lock:
+            self.replies.extend(replies)
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def completions(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the chat-completion requests, in order."""
+        return [r["body"] for r in self.requests if r["path"].endswith("/chat/completions")]
+
+    def __enter__(self) -> "ChatServer":
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="chat-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._httpd is not None and self._thread is not None
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+    # -------------------------------------------------------- serving
+
+    def _record(self, handler: BaseHTTPRequestHandler, body: Any) -> None:
+        with self._lock:
+            self.requests.append({"method": handler.command, "path": handler.path,
+                                  "headers": {k.lower(): v for k, v in handler.headers.items()},
+                                  "body": body})
+
+    def _next_reply(self) -> str | dict[str, Any] | None:
+        with self._lock:
+            return self.replies.popleft() if self.replies else None
+
+    def completion(self, body: dict[str, Any], reply: str | dict[str, Any]) -> dict[str, Any]:
+        content = reply if isinstance(reply, str) else reply.get("content")
+        finish = "stop" if isinstance(reply, str) else reply.get("finish_reason", "stop")
+        prompt_words = sum(len(str(m.get("content") or "").split()) for m in body.get("messages", []))
+        completion_words = len((content or "").split())
+        return {
+            "id": f"chatcmpl-test-{next(self._ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": {"prompt_tokens": prompt_words, "completion_tokens": completion_words,
+                      "total_tokens": prompt_words + completion_words},
+        }
+
+
+def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's httpx client expects
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- quiet test output
+            pass
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+            self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+        def do_GET(self) -> None:  # noqa: N802
+            server._record(self, None)
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [
+                    {"id": server.model, "object": "model", "created": 0, "owned_by": "evotrainer-tests"}]})
+            else:
+                self._error(404, f"no route {self.path}", "not_found_error")
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError:
+                server._record(self, raw.decode(errors="replace"))
+                return self._error(400, "request body is not JSON")
+            server._record(self, body)
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                return self._error(404, f"no route {self.path}", "not_found_error")
+            if not isinstance(body.get("messages"), list) or not body.get("model"):
+                return self._error(400, "model and messages are required")
+            if body.get("stream"):
+                return self._error(400, "this test server does not stream")
+            reply = server._next_reply()
+            if reply is None:
+                return self._error(400, "the test server has no scripted reply left")
+            if isinstance(reply, dict) and "status" in reply:
+                return self._error(int(reply["status"]), str(reply.get("message", "scripted error")),
+                                   str(reply.get("type", "api_error")))
+            self._send(200, server.completion(body, reply))
+
+    return Handler
