@@ -26,9 +26,10 @@ class PolicyConfig(_Strict):
 
 
 class DomainConfig(_Strict):
-    name: Literal["math"] = "math"
+    name: Literal["math", "code", "swe"] = "math"
     levels: list[int] = Field(default_factory=lambda: [0, 1])
-    source: str = "procedural"  # or a path to GSM8K-style JSONL
+    # or a path: math GSM8K-style JSONL; code MBPP/HumanEval JSONL; swe "pack" or SWE-bench JSONL
+    source: str = "procedural"
     train_size: int = Field(256, ge=1)
     heldout_size: int = Field(64, ge=1)
     seed: int = 0

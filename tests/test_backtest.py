@@ -21,7 +21,7 @@ from evotrainer.backtest.gate import target_from_trailer
 from evotrainer.config import GateConfig, load_config
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.paths import CONFIGS_DIR
-from evotrainer.store import Store, StoredRollout, export_jsonl, import_jsonl
+from evotrainer.store import Store, StoredRollout
 from evotrainer.workspace import ensure_workspace
 
 COMPLETIONS = {"ok": "Answer: 4", "wrong": "Answer: 5", "format_error": "I do not know",
@@ -176,13 +176,20 @@ def test_replay_reproduces_every_metric_and_the_decision(ws):
 
 
 def test_jsonl_import_into_fresh_workspace_gives_the_same_numbers(ws, tmp_path: Path):
+    from evotrainer.cli.main import _register_subapps, app
+
     report = run(ws, propose(ws, "partial-credit", PARTIAL_CREDIT))
     dump = tmp_path / "rollouts.jsonl"
-    with Store.open(ws.root) as store, open(dump, "w") as f:
-        export_jsonl(store, f, run_id=store.run_id("default"), round_index=0)
+    _register_subapps()
+    cli = CliRunner()
+    out = cli.invoke(app, ["rollouts", "export", str(dump), "--run", "default", "--round", "0",
+                           "--workdir", str(ws.root)])
+    assert out.exit_code == 0, out.output
     fresh = ensure_workspace(tmp_path / "fresh", "math")
+    out = cli.invoke(app, ["rollouts", "import", str(dump), "--workdir", str(fresh.root)])
+    assert out.exit_code == 0, out.output
     with Store.open(fresh.root) as store:
-        assert import_jsonl(store, dump).imported == 128
+        assert store.count_rollouts() == 128
         branch = propose(fresh, "partial-credit", PARTIAL_CREDIT)
         imported = backtest(fresh.root, branch, store=store, workers=2)
     assert imported["metrics"] == report["metrics"]

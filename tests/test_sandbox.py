@@ -49,16 +49,16 @@ def seed(ws) -> dict[str, str]:
     return HarnessRepo(ws.harnesses).sources()
 
 
-def score(ws, seed, gate: GateConfig = GATE, **files: str):
+def score(ws, seed, gate: GateConfig = GATE, chunk_size: int = 4096, **files: str):
     """Backtest the seed against the seed with `files` replaced (reward= means reward.py)."""
     cand = {**seed, **{f"{name}.py": text for name, text in files.items()}}
     with Store.open(ws.root) as store:
         return run_backtest(store, HarnessVersion("seed", seed), HarnessVersion("cand", cand),
-                            Selector(), gate, workers=1)
+                            Selector(), gate, workers=1, chunk_size=chunk_size)
 
 
-def rejected(ws, seed, match: str, gate: GateConfig = GATE, **files: str) -> str:
-    out = score(ws, seed, gate, **files)
+def rejected(ws, seed, match: str, gate: GateConfig = GATE, chunk_size: int = 4096, **files: str) -> str:
+    out = score(ws, seed, gate, chunk_size, **files)
     assert out.failure is not None, "the candidate was not rejected"
     assert out.failure.harness == "candidate"
     assert match in out.failure.reason, out.failure.reason
@@ -261,3 +261,39 @@ def test_descriptor_tricks_are_refused(ws, seed, tmp_path):
     rejected(ws, seed, "for writing", reward=reward(
         "for fd in range(3, 20):\n    try:\n        open(fd, 'wb', closefd=False).write(b'garbage')\n"
         "    except OSError:\n        pass\nreturn {}"))
+
+
+@pytest.mark.parametrize("payload", [b"garbage", b"\x00\x00\x00\x10cos\nsystem\n(S'id'\ntR."])
+def test_writing_into_every_descriptor_fails_the_candidate_not_the_parent(ws, seed, payload):
+    # os.write needs no open(): garbage (or a pickle that would run code in the parent if it
+    # unpickled it) goes straight into the result pipe. The parent reads JSON frames only,
+    # without blocking, and the worker holds no descriptor of the store.
+    rejected(ws, seed, "wrote into the sandbox worker's", reward=reward(  # result pipe or sentinel
+        f"for fd in range(3, 64):\n    try:\n        random._os.write(fd, {payload!r})\n"
+        "    except OSError:\n        pass\nreturn {}", head="import random"))
+    with Store.open(ws.root) as store:
+        assert store.count_rollouts() == 16
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+
+
+def test_no_store_descriptor_is_open_while_harness_code_runs(ws, seed):
+    out = score(ws, seed, reward=reward(
+        "fds = random._os.listdir('/proc/self/fd')\n"
+        "links = [random._os.readlink('/proc/self/fd/' + fd) for fd in fds if fd.isdigit() and "
+        "random._os.path.exists('/proc/self/fd/' + fd)]\n"
+        "if any('store.db' in link for link in links):\n    raise RuntimeError(links)\n"
+        "return {'correct': float(rollout.outcome.success)}", head="import random"))
+    assert out.failure is None, out.failure
+
+
+def test_reading_the_parents_requests_is_a_failure_not_a_hang(ws, seed):
+    # One group per chunk, two chunks in flight: the harness swallows (part of) the next
+    # request. Either the worker waits for a request that never comes (a stall the parent
+    # notices) or it reads a broken stream and exits; both reject, neither hangs.
+    out = score(ws, seed, GATE, 4, reward=reward(
+        "for fd in range(3, 64):\n    try:\n        random._os.set_blocking(fd, False)\n"
+        "        random._os.read(fd, 1 << 20)\n        random._os.set_blocking(fd, True)\n"
+        "    except OSError:\n        pass\nreturn {}", head="import random"))
+    assert out.failure is not None and out.failure.harness == "candidate"
+    assert "lost the parent's request" in out.failure.reason or "died" in out.failure.reason

@@ -1,14 +1,19 @@
 """Replay a base and a candidate harness over the same stored rollouts, in parallel sandboxed workers.
 
 The parent streams the selection's (seq, id, group_id) once, in store order, to fix the set
-(count and a hash of the ordered ids) and to cut it into chunks of whole groups. Workers read
-their chunk's rows from the store themselves, build frozen `api.Rollout`s (outcomes come from
-the stored columns, never from what harness code saw), score them under both harnesses, and send
-back one small Tally per harness. Memory is one chunk per worker plus a few in flight.
+(count and a hash of the ordered ids) and to cut it into chunks of whole groups. Sandbox workers
+(evotrainer.harness.sandbox), each holding both harnesses, read their chunk's rows themselves,
+build frozen `api.Rollout`s (ground truth comes from the stored columns, never from objects that
+harness code has touched), score them under both harnesses, and send back one small Tally per
+harness. Memory: a page of keys in the parent, a chunk per worker, whatever the store size.
 
-Groups are normally contiguous in insert order; a chunk boundary never splits a contiguous
-group. A group whose rows are scattered (interleaved writers) is found by the worker that holds
-its first row, which then reads the whole group by `group_id`; the others skip it.
+A worker opens its store connection per chunk, inside the sandbox's trusted I/O window, and
+closes it before scoring: no store descriptor is open while harness code runs (SQLite keeps its
+-wal and -shm files read-write even on a read-only connection, and `os.write` is not audited).
+
+Groups are normally contiguous in insert order, and a chunk is only cut where the group changes.
+A group whose rows are scattered (interleaved writers) goes whole with the chunk that holds its
+first row; the other chunks drop its rows.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from sqlalchemy import Text, and_, cast, create_engine, func, select
+from sqlalchemy import Text, cast, create_engine, func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from evotrainer.api import Outcome, Rollout, Turn
 from evotrainer.backtest.metrics import Tally, group_advantages, is_flagged
@@ -35,7 +41,7 @@ from evotrainer.store import Store
 from evotrainer.store.models import RolloutRow, Round
 
 DEFAULT_CHUNK = 4096
-_PAGE = 10_000  # rows per keyset page when the parent streams the selection
+_PAGE = 10_000  # (seq, id, group_id) rows per keyset page when the parent streams the selection
 _IN = 500  # bound parameters per IN (...)
 LABELS = ("base", "candidate")
 
@@ -190,32 +196,27 @@ def resolve(store: Store, selector: Selector) -> Selection:
 def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator[tuple]:
     """Chunks of whole groups, streamed in store order; sets `selection.ids_sha256` when done.
 
-    A chunk is ("range", lo_seq, hi_seq, n) for filter selectors and ("seqs", [seq...], n) for
-    listed ids (the parent then knows every group, so chunks hold whole groups by construction).
+    A chunk is ("range", lo_seq, hi_seq) for filter selectors and ("seqs", [seq...]) for listed
+    ids (the parent then knows every group, so chunks hold whole groups by construction).
     """
     digest = hashlib.sha256()
     c = RolloutRow.__table__.c
     if selection.scope is None:
-        rows = []
+        ids = selection.selector.ids
         with store.engine.connect() as conn:
-            ids = selection.selector.ids
-            for i in range(0, len(ids), _IN):
-                rows.extend(conn.execute(select(c.seq, c.id, c.group_id).where(c.id.in_(ids[i:i + _IN]))))
-        rows.sort()
-        for row in rows:
-            digest.update(row.id.encode() + b"\n")
-        groups: dict[str, list[int]] = {}
-        for row in rows:
-            groups.setdefault(row.group_id, []).append(row.seq)
-        chunk: list[int] = []
-        for seqs in groups.values():  # dicts keep insertion order: groups by their first row
-            chunk.extend(seqs)
-            if len(chunk) >= chunk_size:
-                yield ("seqs", chunk, len(chunk))
-                chunk = []
+            keys = sorted(tuple(r) for i in range(0, len(ids), _IN)
+                          for r in conn.execute(select(c.seq, c.id, c.group_id).where(c.id.in_(ids[i:i + _IN]))))
+        groups: dict[str, list[int]] = {}  # in the order of each group's first row
+        for seq, rid, group in keys:
+            digest.update(rid.encode() + b"\n")
+            groups.setdefault(group, []).append(seq)
         selection.ids_sha256 = digest.hexdigest()
-        if chunk:
-            yield ("seqs", chunk, len(chunk))
+        batch: list[int] = []
+        for n, seqs in enumerate(groups.values(), 1):
+            batch += seqs
+            if len(batch) >= chunk_size or n == len(groups):
+                yield ("seqs", batch)
+                batch = []
         return
     last, lo, hi, n, prev_group = 0, None, 0, 0, None
     while True:
@@ -225,7 +226,7 @@ def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator
         for seq, rid, group in page:
             digest.update(rid.encode() + b"\n")
             if n >= chunk_size and group != prev_group:
-                yield ("range", lo, hi, n)
+                yield ("range", lo, hi)
                 lo, n = None, 0
             if lo is None:
                 lo = seq
@@ -235,22 +236,22 @@ def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator
         last = page[-1][0]
     selection.ids_sha256 = digest.hexdigest()
     if n:
-        yield ("range", lo, hi, n)
+        yield ("range", lo, hi)
 
 
 # ---------------------------------------------------------------- the worker side
 
+
 _COLUMNS = ("seq", "id", "task_id", "group_id", "domain", "prompt", "completion", "turns",
             "outcome_success", "outcome_score", "outcome_kind", "outcome_flags", "num_tokens",
             "truncated", "meta")
-_JSON_COLUMNS = ("turns", "outcome_flags", "meta")
+_JSON_COLUMNS = ("turns", "outcome_flags", "meta")  # read as text: each harness parses its own copy
 
 
 @dataclass(frozen=True)
 class _Fact:
     """One stored rollout as trusted code sees it: ground truth plus what a Rollout is built from."""
 
-    seq: int
     id: str
     group_id: str
     success: bool
@@ -271,7 +272,7 @@ def _loads_list(text: str | None) -> list:
 
 
 def _fact(row: Sequence[Any]) -> _Fact:
-    (seq, rid, task_id, group_id, domain, prompt, completion, turns_text, success, score, kind,
+    (_seq, rid, task_id, group_id, domain, prompt, completion, turns_text, success, score, kind,
      flags_text, num_tokens, truncated, meta_text) = row
     turns = tuple(Turn(t["role"], t["content"]) for t in _loads_list(turns_text))
     flags = tuple(_loads_list(flags_text))
@@ -283,78 +284,74 @@ def _fact(row: Sequence[Any]) -> _Fact:
     fields = dict(id=rid, task_id=task_id, group_id=group_id, domain=domain, prompt=prompt,
                   completion=completion, turns=turns, outcome=outcome, num_tokens=int(num_tokens),
                   truncated=bool(truncated))
-    return _Fact(seq, rid, group_id, bool(success), is_flagged(kind, flags), int(num_tokens), fields,
+    return _Fact(rid, group_id, bool(success), is_flagged(kind, flags), int(num_tokens), fields,
                  meta_text, nested, trajectory)
 
 
 class _Reader:
-    """A worker's read-only view of the store: the chunk's rows, whole groups only."""
+    """A worker's view of the store: one chunk's rows, whole groups only.
 
-    def __init__(self, url: str, scope: _Scope | None):
-        self.engine = create_engine(url)
-        self.conn = self.engine.connect()  # opened before the sandbox locks new connections
-        self.scope = scope
+    The connection is opened per chunk inside the sandbox's trusted I/O window and closed before
+    any harness code runs, so no store descriptor is open while harness code is.
+    """
+
+    def __init__(self, url: str, scope: _Scope | None, trusted_io: Callable[[], Any]):
+        self.engine = create_engine(url, poolclass=NullPool)
+        self.scope, self.trusted_io = scope, trusted_io
         c = RolloutRow.__table__.c
         self.columns = [cast(c[n], Text) if n in _JSON_COLUMNS else c[n] for n in _COLUMNS]
 
-    def _rows(self, query: Any) -> list:
-        rows = self.conn.execute(query).all()
-        self.conn.rollback()  # end the read transaction: a long-lived snapshot would pin the WAL
-        return rows
-
     def chunk(self, message: tuple) -> list[_Fact]:
+        with self.trusted_io(), self.engine.connect() as conn:
+            rows = self._rows(conn, message)
+        return [_fact(r) for r in rows]
+
+    def _rows(self, conn: Any, message: tuple) -> list:
         c = RolloutRow.__table__.c
         if message[0] == "seqs":
             seqs = message[1]
-            rows = []
-            for i in range(0, len(seqs), _IN):
-                rows.extend(self._rows(select(*self.columns).where(c.seq.in_(seqs[i:i + _IN]))))
-            rows.sort(key=lambda r: r[0])
-            return [_fact(r) for r in rows]
-        _, lo, hi, _n = message
-        rows = self._rows(self.scope.where(select(*self.columns)).where(and_(c.seq >= lo, c.seq <= hi))
-                          .order_by(c.seq))
-        return self._whole_groups(rows, lo, hi)
-
-    def _whole_groups(self, rows: list, lo: int, hi: int) -> list[_Fact]:
-        c = RolloutRow.__table__.c
+            rows = [r for i in range(0, len(seqs), _IN)
+                    for r in conn.execute(select(*self.columns).where(c.seq.in_(seqs[i:i + _IN])))]
+            return sorted(rows, key=lambda r: r[0])
+        _, lo, hi = message
+        rows = conn.execute(self.scope.where(select(*self.columns)).where(c.seq >= lo, c.seq <= hi)
+                            .order_by(c.seq)).all()
         local: dict[str, int] = {}
         for r in rows:
             local[r[3]] = local.get(r[3], 0) + 1
-        split: dict[str, int] = {}  # group -> seq of its first row, for groups not all in [lo, hi]
+        split: dict[str, int] = {}  # group -> seq of its first selected row, if not all in [lo, hi]
         names = list(local)
         for i in range(0, len(names), _IN):
             query = (self.scope.where(select(c.group_id, func.count(), func.min(c.seq)))
                      .where(c.group_id.in_(names[i:i + _IN])).group_by(c.group_id))
-            for group, total, first in self._rows(query):
+            for group, total, first in conn.execute(query):
                 if total != local[group]:
                     split[group] = first
         if not split:
-            return [_fact(r) for r in rows]
-        out = [_fact(r) for r in rows if r[3] not in split]
-        owned = [g for g, first in split.items() if lo <= first <= hi]
-        for group in owned:  # this chunk holds the group's first row: read all of it
-            query = self.scope.where(select(*self.columns)).where(c.group_id == group).order_by(c.seq)
-            out.extend(_fact(r) for r in self._rows(query))
+            return rows
+        out = [r for r in rows if r[3] not in split]
+        for group, first in split.items():
+            if lo <= first <= hi:  # this chunk holds the group's first row: read all of it
+                out.extend(conn.execute(self.scope.where(select(*self.columns))
+                                        .where(c.group_id == group).order_by(c.seq)))
         return out
 
 
 @dataclass(frozen=True)
 class ChunkJob:
-    """What a sandbox worker does with a chunk: score it under every harness, return tallies."""
+    """What a sandbox worker does with a chunk: read its rows, score them under every harness."""
 
     url: str
     scope: _Scope | None
     determinism_sample: float = 0.02
 
-    def open(self) -> _Reader:
-        return _Reader(self.url, self.scope)
+    def open(self, trusted_io: Callable[[], Any]) -> _Reader:
+        return _Reader(self.url, self.scope, trusted_io)
 
     def run(self, reader: _Reader, harnesses: Mapping[str, SandboxedHarness], message: tuple) -> dict:
-        facts = reader.chunk(message)
         groups: dict[str, list[_Fact]] = {}
-        for f in facts:
-            groups.setdefault(f.group_id, []).append(f)
+        for fact in reader.chunk(message):
+            groups.setdefault(fact.group_id, []).append(fact)
         threshold = int(self.determinism_sample * 2**32)
         checked = {g for g in groups if zlib.crc32(g.encode()) < threshold}
         checked.add(next(iter(groups), None))  # and always the first group of every chunk
@@ -365,7 +362,7 @@ class ChunkJob:
             for group_id, members in groups.items():
                 _score_group(harness, members, tally, group_id in checked)
             tally.seconds = time.perf_counter() - start
-            out[label] = tally
+            out[label] = tally.to_json()
         return out
 
 
@@ -454,6 +451,29 @@ def worker_url(store: Store) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def ids_sha256(store: Store, selection: Selection) -> str:
+    """sha256 of the selected ids in store order, one per line (what plan_chunks computes)."""
+    digest = hashlib.sha256()
+    c = RolloutRow.__table__.c
+    if selection.scope is None:
+        with store.engine.connect() as conn:
+            keys = sorted(tuple(r) for i in range(0, len(selection.selector.ids), _IN)
+                          for r in conn.execute(select(c.seq, c.id).where(c.id.in_(selection.selector.ids[i:i + _IN]))))
+        for _, rid in keys:
+            digest.update(rid.encode() + b"\n")
+        return digest.hexdigest()
+    last = 0
+    while True:
+        with store.engine.connect() as conn:
+            page = conn.execute(selection.scope.where(select(c.seq, c.id)).where(c.seq > last)
+                                .order_by(c.seq).limit(_PAGE)).all()
+        for _, rid in page:
+            digest.update(rid.encode() + b"\n")
+        if len(page) < _PAGE:
+            return digest.hexdigest()
+        last = page[-1][0]
+
+
 def default_workers() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -484,12 +504,17 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
             if missing:
                 raise CandidateFailure(f"{', '.join(missing)}: not found at {version.sha[:12]}", label)
         job = ChunkJob(worker_url(store), selection.scope, gate.determinism_sample)
-        limits = SandboxLimits(call_timeout_s=gate.call_timeout_s, load_timeout_s=gate.load_timeout_s)
+        limits = SandboxLimits(call_timeout_s=gate.call_timeout_s, load_timeout_s=gate.load_timeout_s,
+                               message_timeout_s=gate.time_budget_s)
         sides = [(label, dict(v.sources)) for label, v in zip(LABELS, (base, candidate))]
         chunks = plan_chunks(store, selection, chunk_size)
         with SandboxPool(sides, job, workers, limits) as pool:
             ready = time.perf_counter()
-            for _, tallies in pool.imap(chunks):
+            for _, reply in pool.imap(chunks):
+                try:
+                    tallies = {label: Tally.from_json(reply[label]) for label in LABELS}
+                except (ValueError, TypeError, KeyError) as exc:
+                    raise CandidateFailure(f"the sandbox worker sent malformed results ({exc})", "candidate")
                 for label, tally in tallies.items():
                     totals[label].merge(tally)
                 done += tallies["base"].rollouts
@@ -500,8 +525,8 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
                                            f"after {done} of {selection.count} rollouts", "candidate")
     except CandidateFailure as exc:
         failure = exc
-        for _ in plan_chunks(store, selection, chunk_size) if not selection.ids_sha256 else ():
-            pass  # still fix the set in the report: stream the rest of the ids into the hash
+        if not selection.ids_sha256:  # still fix the set in the report: hash the rest of the ids
+            selection.ids_sha256 = ids_sha256(store, selection)
     if failure is None and done != selection.count:
         raise RuntimeError(f"scored {done} rollouts but the selection has {selection.count}: "
                            "did the store change during the backtest?")
@@ -517,4 +542,5 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
 
 
 __all__ = ["BacktestRun", "ChunkJob", "DEFAULT_CHUNK", "HarnessVersion", "LABELS", "Selection",
-           "Selector", "default_workers", "plan_chunks", "resolve", "run_backtest", "worker_url"]
+           "Selector", "default_workers", "ids_sha256", "plan_chunks", "resolve", "run_backtest",
+           "worker_url"]

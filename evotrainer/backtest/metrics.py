@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 EPS = 1e-9
 # name -> True when lower is better
@@ -154,8 +154,7 @@ class Tally:
             self.violations += sum(len(losses) - bisect_right(losses, w) for w in wins)
 
     def merge(self, other: "Tally") -> None:
-        for name in ("rollouts", "groups", "dead_groups", "effective", "pairs", "violations",
-                     "successes", "false_drops", "kept", "kept_tokens", "seconds"):
+        for name in (*self._COUNTERS, "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.positive_reward.merge(other.positive_reward)
         self.flagged_reward.merge(other.flagged_reward)
@@ -163,6 +162,39 @@ class Tally:
             counts = self.auc.setdefault(value, [0, 0])
             counts[0] += wins
             counts[1] += losses
+
+    _COUNTERS = ("rollouts", "groups", "dead_groups", "effective", "pairs", "violations",
+                 "successes", "false_drops", "kept", "kept_tokens")
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (floats round-trip exactly): what a sandbox worker sends back."""
+        return {"counts": [getattr(self, n) for n in self._COUNTERS], "seconds": self.seconds,
+                "positive": self.positive_reward.partials, "flagged": self.flagged_reward.partials,
+                "auc": [[value, wins, losses] for value, (wins, losses) in self.auc.items()]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Tally":
+        """The inverse of to_json; ValueError for anything a worker would not have sent."""
+        def count(x: Any) -> int:
+            if type(x) is not int or x < 0:
+                raise ValueError(f"bad count {x!r}")
+            return x
+
+        def real(x: Any) -> float:
+            if type(x) is not float or not math.isfinite(x):
+                raise ValueError(f"bad number {x!r}")
+            return x
+
+        try:
+            tally = cls(**dict(zip(cls._COUNTERS, map(count, data["counts"]), strict=True)),
+                        seconds=real(float(data["seconds"])))
+            tally.positive_reward.partials = [real(x) for x in data["positive"]]
+            tally.flagged_reward.partials = [real(x) for x in data["flagged"]]
+            for value, wins, losses in data["auc"]:
+                tally.auc[real(float(value))] = [count(wins), count(losses)]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed tally: {exc}") from None
+        return tally
 
     def metrics(self) -> dict[str, float | int | None]:
         def ratio(num: float, den: float) -> float:

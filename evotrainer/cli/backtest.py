@@ -171,16 +171,18 @@ def list_cmd(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(rows)} backtest(s)", title_justify="left")
-    for col in ("id", "created", "candidate", "base", "rollouts", "target", "decision"):
-        table.add_column(col, justify="right" if col == "rollouts" else "left",
-                         no_wrap=col in ("id", "decision"), overflow="fold")
+    table = Table(title=f"{len(rows)} backtest(s), newest first", title_justify="left")
+    # The id and the decision never wrap; the free-text columns come last and fold.
+    table.add_column("id", no_wrap=True, min_width=23)
+    table.add_column("decision", no_wrap=True, min_width=8)
+    table.add_column("rollouts", justify="right")
+    table.add_column("target", overflow="fold")
+    table.add_column("candidate vs base", overflow="fold")
     for r in rows:
         good = r["decision"] == "promote"
-        table.add_row(r["id"], r["created_at"][:19].replace("T", " "),
-                      f"{r['candidate_rev'] or ''} {r['candidate'][:7]}".strip(), r["base"][:7],
-                      str(r["n_rollouts"]), r["target"] or "-",
-                      Text(r["decision"], style="green" if good else "red"))
+        table.add_row(r["id"], Text(r["decision"], style="green" if good else "red"), str(r["n_rollouts"]),
+                      r["target"] or "-",
+                      f"{r['candidate_rev'] or ''} {r['candidate'][:7]} vs {r['base'][:7]}".strip())
     Console().print(table)
 
 

@@ -39,9 +39,10 @@ def diagnose_cmd(
     name: Optional[str] = typer.Option(None, "--name", help="File stem for diagnostics/NAME.md and .json."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ):
-    """Run the harness's probes over stored rollouts: one table per dimension, example rollouts per
-    alert; writes WORKDIR/diagnostics/<name>.md and .json. Works on imported rollouts too."""
-    from evotrainer.diagnose import health_report
+    """Run the harness's probes over stored rollouts: one table per dimension, then example
+    rollouts for each alert. Writes `WORKDIR/diagnostics/NAME.md` and `.json`. Works on rollouts
+    that came in through `rollouts import` (no training run needed)."""
+    from evotrainer.diagnose import health_report, write_report
     from evotrainer.diagnose.render import alert_panels, dimension_tables, summary_line
     from evotrainer.harness.loader import load_harness
     from evotrainer.harness.repo import HarnessRepo
@@ -67,29 +68,24 @@ def diagnose_cmd(
             raise _fail("no rollouts match")
         if ws.exists():
             harness = HarnessRepo(ws.harnesses).load(rev)
-            where = f"{rev} ({harness.version[:7]})"
+            where = f"at {rev}"
         else:
             seed = HARNESSES_DIR / domain
             if rev != "main" or not seed.is_dir():
                 raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain {domain} "
                             f"--workdir {ws.root}`)")
             harness = load_harness(seed)
-            where = f"the shipped {domain} seed harness"
+            where = f"shipped {domain} seed"
             err.print(Text(f"no harness repo at {ws.harnesses}: using {where}", style="yellow"))
         scope = ", ".join(f"{k}={v}" for k, v in (("run", run), ("round", round_), ("domain", domain))
                           if v is not None)
         rows = store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain)
-        report = health_report(harness, rows, scope=f"{scope}, harness {where}")
+        report = health_report(harness, rows, scope=f"{scope}; harness {where}")
     if report.n_rollouts == 0:
         raise _fail(f"no rollouts match ({scope})")
-    out_dir = ws.root / "diagnostics"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = name or report_name(run, round_, domain)
-    data = report.to_json()
-    (out_dir / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    (out_dir / f"{stem}.md").write_text(report.to_markdown(), encoding="utf-8")
+    md, _ = write_report(report, ws.root / "diagnostics", name or report_name(run, round_, domain))
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json.dumps(report.to_json(), indent=2))
         return
     out = Console()
     out.print(summary_line(report))
@@ -97,4 +93,4 @@ def diagnose_cmd(
         out.print(table)
     for panel in alert_panels(report):
         out.print(panel)
-    err.print(Text(f"wrote {out_dir / stem}.md and .json", style="dim"))
+    err.print(Text(f"wrote {md} and .json", style="dim"))

@@ -47,6 +47,7 @@ def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain:
 def _register_subapps() -> None:
     from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
     from evotrainer.cli.diagnose import diagnose_cmd
+    from evotrainer.cli.grade import grade_cmd
     from evotrainer.cli.harness import app as harness_app
     from evotrainer.cli.rollouts import app as rollouts_app
     from evotrainer.cli.skills import app as skills_app
@@ -56,6 +57,7 @@ def _register_subapps() -> None:
     app.command("backtest")(backtest_cmd)
     app.add_typer(backtests_app, name="backtests")
     app.command("diagnose")(diagnose_cmd)
+    app.command("grade")(grade_cmd)
     app.add_typer(skills_app, name="skills")
 
 

@@ -131,7 +131,7 @@ class Coevolution:
         evidence = Evidence(round_index=state.round, domain=self.config.domain.name, report=report,
                             samples=samples, history=state.history)
         agent = self._agent()
-        skills = SkillLibrary.load(self.ws.root).skills
+        skills = list(SkillLibrary.load(self.ws.root))
         proposals = agent.propose(evidence, self.repo.sources("main"), skills)
         proposals = proposals[: self.config.coevolve.max_proposals]
         existing = set(self.repo.candidates())

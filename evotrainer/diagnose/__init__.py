@@ -11,6 +11,7 @@ from evotrainer.diagnose.health import (
     HealthReport,
     ProbeResult,
     health_report,
+    write_report,
 )
 
-__all__ = ["LEVELS", "Example", "HealthReport", "ProbeResult", "health_report"]
+__all__ = ["LEVELS", "Example", "HealthReport", "ProbeResult", "health_report", "write_report"]

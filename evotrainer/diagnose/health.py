@@ -11,7 +11,9 @@ group-level probes (dead groups, duplicates) the group's first rollout stands in
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evotrainer.api import Rollout
@@ -204,3 +206,13 @@ def health_report(harness: Harness, rows: Iterable[StoredRollout | Rollout], *, 
                                  _preview(r))
     n_groups = len({r.group_id for r in rollouts})
     return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown)
+
+
+def write_report(report: HealthReport, folder: Path | str, name: str) -> tuple[Path, Path]:
+    """Write `<folder>/<name>.md` and `.json`; return both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    md, js = folder / f"{name}.md", folder / f"{name}.json"
+    js.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+    md.write_text(report.to_markdown(), encoding="utf-8")
+    return md, js

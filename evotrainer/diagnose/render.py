@@ -43,26 +43,31 @@ def dimension_tables(report: "HealthReport") -> list[Table]:
     return tables
 
 
-def example_panel(ex: "Example", probe: str) -> Panel:
+def example_panel(ex: "Example", probes: str) -> Panel:
     head = Text.assemble((ex.kind, "bold"), "  success ", ("yes" if ex.success else "no",
                          "green" if ex.success else "red"), f"  reward {ex.reward:+.3f}",
                          f"  {ex.num_tokens} tokens", "  truncated" if ex.truncated else "",
                          f"  {ex.turns} turns" if ex.turns else "", (f"  task {ex.task_id}", "dim"))
     # Text(), never markup: completions are full of [brackets] that rich would eat.
     return Panel(Text.assemble(head, "\n", Text(ex.preview or "(empty)")),
-                 title=Text(f"{probe}: rollout {ex.id}"), title_align="left", border_style="dim")
+                 title=Text(f"{probes}: rollout {ex.id}"), title_align="left", border_style="dim")
 
 
 def alert_panels(report: "HealthReport") -> list[Panel]:
-    return [example_panel(report.examples[rid], p.name)
-            for p in report.alerts for rid in p.examples if rid in report.examples]
+    """One panel per example rollout (critical alerts' first), titled with every alert it shows."""
+    shows: dict[str, list[str]] = {}
+    for p in report.alerts:
+        for rid in p.examples:
+            if rid in report.examples:
+                shows.setdefault(rid, []).append(p.name)
+    return [example_panel(report.examples[rid], ", ".join(names)) for rid, names in shows.items()]
 
 
 def summary_line(report: "HealthReport") -> Text:
     alerts = report.alerts
     crit = sum(p.level == "critical" for p in alerts)
-    text = Text(f"{report.n_rollouts} rollouts in {report.n_groups} groups ({report.scope}), "
-                f"harness {(report.harness_version or '?')[:12]}: ")
+    text = Text(f"{report.n_rollouts} rollouts in {report.n_groups} groups ({report.scope}, "
+                f"{(report.harness_version or '?')[:12]}): ")
     if not alerts:
         return text.append("no alerts", style="green")
     text.append(f"{crit} critical", style="bold red" if crit else "")

@@ -38,4 +38,17 @@ from evotrainer.domains.math import MathDomain  # noqa: E402  (registers after t
 
 register("math", MathDomain)
 
-__all__ = ["SPLITS", "Domain", "Task", "MathDomain", "register", "available", "get_domain"]
+from evotrainer.domains.code import CodeDomain  # noqa: E402
+
+register("code", CodeDomain)
+
+
+def _swe(**options: Any) -> Domain:
+    from evotrainer.domains.swe import SweDomain  # imported on use: it pulls in the grader and sandbox
+
+    return SweDomain(**options)
+
+
+register("swe", _swe)
+
+__all__ = ["SPLITS", "Domain", "Task", "MathDomain", "CodeDomain", "register", "available", "get_domain"]

@@ -14,23 +14,32 @@ harness file is executed:
 
 A refused operation raises PermissionError/ImportError inside the harness *and* is recorded, so a
 harness that swallows the exception still fails. The parent enforces a time budget per harness
-call through a shared two-slot array (which call is running, since when) and kills the worker's
-process group when it is exceeded, so a hang in C code (a regex, numpy) is caught too.
+call through a small shared array (which call is running, since when) and kills the worker's
+process group when it is exceeded, so a hang in C code (a regex, numpy) is caught too; a memory
+cap turns a runaway allocation into a MemoryError.
+
+The parent also assumes the worker may be compromised: workers answer in JSON (never pickle,
+which would run code in the parent), the parent reads only the bytes that are there (garbage in
+the pipe cannot block it), and a worker that dies, stalls, writes into its pipes or runs past
+the per-message budget fails the harness it was running. Nothing a worker does raises anything
+but CandidateFailure in the parent once the harnesses are loaded.
 
 What this is not: a security boundary against code written to escape. Python objects are
-introspectable, so determined code can reach a real `__import__`. The guards stop mistakes and
-the obvious attacks, and the audit hook still refuses the dangerous operations themselves; a
-hostile threat model needs OS isolation (container, seccomp) around the worker.
+introspectable (any allowed module that imports os exposes `os.sys.modules`), so determined
+code can switch the guards off. They stop mistakes and the obvious attacks; a hostile threat
+model needs OS isolation (a container, seccomp, a read-only store mount) around the worker.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 import multiprocessing
 import os
 import resource
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -40,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from evotrainer.api import Rollout, Turn
 from evotrainer.harness.loader import Harness, HarnessError
@@ -55,7 +64,8 @@ ALLOWED_MODULES = frozenset({
 })
 HARNESS_MODULE_PREFIX = "_evoharness_"  # loader._exec_module names every harness module this way
 
-# Per-call watchdog codes: marks[0] = slot * 16 + code, marks[1] = monotonic start (0 = idle).
+# Shared with the parent: marks[0] = slot * 16 + code of the last harness call, marks[1] = its
+# monotonic start (0 = none running), marks[2] = 1 while the worker handles a message.
 _LOAD, _REWARD, _KEEP_ROLLOUT, _KEEP_GROUP, _STOP = 1, 2, 3, 4, 5
 _CALLS = {_LOAD: "loading the harness files", _REWARD: "reward.py: reward()",
           _KEEP_ROLLOUT: "filters.py: keep_rollout()", _KEEP_GROUP: "filters.py: keep_group()",
@@ -79,7 +89,8 @@ class CandidateFailure(Exception):
 
 
 class SandboxError(RuntimeError):
-    """A fault of our own code inside a worker (not of the harness); carries the worker traceback."""
+    """A fault of our own side before any harness code ran (a worker that cannot start or open
+    its job); carries the worker traceback."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +98,16 @@ class SandboxLimits:
     call_timeout_s: float = 5.0  # any one call into harness code
     load_timeout_s: float = 60.0  # executing the harness files in a worker
     memory_limit_mb: int = 4096  # address space of one worker (0: no limit)
+    # Any one message (a chunk): a bound that holds even if harness code forges the call marks.
+    message_timeout_s: float = 600.0
 
 
 class WorkerJob(Protocol):
-    """Trusted code a worker runs. Picklable; `open` runs before the guards are locked."""
+    """Trusted code a worker runs. Picklable. `open` runs before harness code is loaded and gets
+    `trusted_io`: a context manager inside which the job may open database connections (and
+    nothing else the guards refuse); it must close them before it returns to harness code."""
 
-    def open(self) -> Any: ...
+    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> Any: ...
 
     def run(self, state: Any, harnesses: Mapping[str, "SandboxedHarness"], message: Any) -> Any: ...
 
@@ -104,6 +119,7 @@ _BLOCKED = ("os.system", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.pos
             "os.kill", "os.killpg", "os.startfile", "signal.pthread_kill", "subprocess.",
             "socket.", "ctypes.", "sqlite3.connect", "pty.spawn", "webbrowser.open",
             "_posixsubprocess", "resource.setrlimit", "resource.prlimit")
+_DB_EVENTS = ("sqlite3.connect", "socket.")  # what a trusted_io window permits
 # event -> (indexes of path arguments, indexes of dir_fd arguments), as CPython raises them
 _PATH_EVENTS = {
     "os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)), "os.mkdir": ((0,), (2,)),
@@ -124,6 +140,7 @@ class _Guard:
         self.tmpdir = os.path.realpath(tmpdir)
         self.locked = False
         self.importing = 0  # > 0 while an allowed module initialises (numpy's init loads ctypes)
+        self.io_window = 0  # > 0 while trusted code opens a database connection
         self.violations: list[str] = []
         self._import = builtins.__import__
 
@@ -134,14 +151,24 @@ class _Guard:
         builtins.__import__ = self._guarded_import
         self.locked = True
 
+    @contextmanager
+    def trusted_io(self) -> Iterator[None]:
+        self.io_window += 1
+        try:
+            yield
+        finally:
+            self.io_window -= 1
+
     def _refuse(self, what: str, exc: type[Exception] = PermissionError) -> None:
         self.violations.append(what)
         raise exc(f"sandbox: {what} is not allowed in harness code")
 
     def _inside(self, path: Any) -> bool:
         try:
-            if isinstance(path, int):  # a descriptor: where does it point? (a pipe is nowhere)
+            if isinstance(path, int):  # a descriptor: where does it point?
                 path = os.readlink(f"/proc/self/fd/{path}")
+                if not path.startswith("/"):
+                    return False  # "pipe:[...]", "socket:[...]": not a file in the temp dir
             real = os.path.realpath(os.fsdecode(path))
         except (OSError, TypeError, ValueError):
             return False
@@ -150,6 +177,8 @@ class _Guard:
     def _hook(self, event: str, args: tuple) -> None:
         if not self.locked or self.importing:
             return
+        if self.io_window and event.startswith(_DB_EVENTS):
+            return
         if event == "open":
             path, _mode, flags = args
             if flags & _WRITE_FLAGS and not self._inside(path):
@@ -157,7 +186,7 @@ class _Guard:
         elif event in _PATH_EVENTS:
             path_at, dir_fd_at = _PATH_EVENTS[event]
             paths = [args[i] for i in path_at if i < len(args)]
-            if any(i < len(args) and args[i] is not None for i in dir_fd_at):
+            if any(i < len(args) and args[i] not in (None, -1) for i in dir_fd_at):  # -1: none given
                 self._refuse(f"{event} with dir_fd")
             if not all(self._inside(p) for p in paths):
                 self._refuse(f"{event}({', '.join(map(repr, paths))}) outside the sandbox temp dir")
@@ -268,11 +297,28 @@ class _Boot:
     memory_limit_mb: int
 
 
-def _send(conn: Connection, message: tuple) -> None:
+def _send(conn: Connection, message: list) -> None:
+    """To the parent as JSON, never pickle: the parent must not unpickle what a worker (where
+    harness code can reach `os.write`) puts on the pipe."""
     try:
-        conn.send(message)
+        conn.send_bytes(json.dumps(message, allow_nan=False).encode())
     except (BrokenPipeError, EOFError, OSError):
         os._exit(0)  # the parent is gone or closed the pipe: nothing left to report to
+
+
+def _close_resource_tracker() -> None:
+    """The worker needs no semaphores or shared memory; a pipe to the tracker (which unlinks
+    what it is told about) is one more descriptor harness code could write to."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    fd = getattr(tracker, "_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        tracker._fd = None
 
 
 def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
@@ -286,12 +332,13 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
     if boot.memory_limit_mb:  # a runaway allocation is a MemoryError in the harness, not host swap
         limit = boot.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    _close_resource_tracker()
     guard = _Guard(boot.tmpdir)
     guard.install()
     try:
-        state = boot.job.open()
+        state = boot.job.open(guard.trusted_io)
     except Exception:  # noqa: BLE001
-        _send(conn, ("error", traceback.format_exc()))
+        _send(conn, ["error", traceback.format_exc()])
         return
     guard.lock()
     harnesses = {}
@@ -300,39 +347,52 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
         try:
             harness = Harness(sources, Path(label))
         except HarnessError as exc:
-            _send(conn, ("failed", label, str(exc)))
+            _send(conn, ["failed", label, str(exc)])
             return
         except BaseException as exc:  # noqa: BLE001
-            _send(conn, ("failed", label, f"loading raised {_describe(exc)}"))
+            _send(conn, ["failed", label, f"loading raised {_describe(exc)}"])
             return
         finally:
             marks[1] = 0.0
         if guard.violations:
-            _send(conn, ("failed", label, f"loading the harness files attempted {guard.violations[0]}"))
+            _send(conn, ["failed", label, f"loading the harness files attempted {guard.violations[0]}"])
             return
         harnesses[label] = SandboxedHarness(harness, label, slot, marks, guard)
-    _send(conn, ("ready", {label: h.version for label, h in harnesses.items()}))
+    _send(conn, ["ready", {label: h.version for label, h in harnesses.items()}])
     while True:
+        marks[2] = 0.0  # waiting for work: the parent's stall check watches this
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return
+        marks[2] = 1.0
         if message is None:
             return
         try:
-            _send(conn, ("done", boot.job.run(state, harnesses, message)))
+            _send(conn, ["done", boot.job.run(state, harnesses, message)])
         except CandidateFailure as failure:
-            _send(conn, ("failed", failure.harness, failure.reason))
-        except Exception:  # noqa: BLE001 -- our own bug: report it, the parent raises SandboxError
-            _send(conn, ("error", traceback.format_exc()))
+            _send(conn, ["failed", failure.harness, failure.reason])
+        except Exception:  # noqa: BLE001 -- ours, or harness code broke ours: the parent decides
+            _send(conn, ["error", traceback.format_exc()])
 
 
 # ---------------------------------------------------------------- in the parent
 
 
+class _Corrupt(Exception):
+    """What came back on a worker's pipe is not a message the worker code sends."""
+
+
+_KINDS = {"ready": 2, "done": 2, "failed": 3, "error": 2}
+_MAX_MESSAGE = 256 * 2**20
+
+
 class _Worker:
     def __init__(self, ctx: Any, boot: _Boot):
-        self.marks = ctx.RawArray("d", 2)
+        self.marks = ctx.RawArray("d", 3)
+        self.buffer = b""
+        self.stalled_since: float | None = None
+        self.since = 0.0  # when the message it now works on was sent, or its last reply came
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, self.marks, boot),
                                    name="evotrainer-sandbox", daemon=True)
@@ -344,6 +404,41 @@ class _Worker:
             self.process.start()
         child.close()
 
+    def read(self) -> list[list] | None:
+        """The complete messages on the pipe now (None at EOF). Reads only what is there, so
+        garbage written into the pipe can never block the parent; it raises _Corrupt instead."""
+        try:
+            data = os.read(self.conn.fileno(), 1 << 20)
+        except OSError:
+            return None
+        if not data:
+            return None
+        self.buffer += data
+        out = []
+        while len(self.buffer) >= 4:  # multiprocessing's framing: !i size (-1: then !Q size)
+            (size,), header = struct.unpack("!i", self.buffer[:4]), 4
+            if size == -1:
+                if len(self.buffer) < 12:
+                    break
+                (size,), header = struct.unpack("!Q", self.buffer[4:12]), 12
+            if not 0 <= size <= _MAX_MESSAGE:
+                raise _Corrupt(f"a frame of {size} bytes")
+            if len(self.buffer) < header + size:
+                break
+            payload, self.buffer = self.buffer[header:header + size], self.buffer[header + size:]
+            try:
+                message = json.loads(payload)
+            except ValueError:
+                raise _Corrupt("a frame that is not JSON") from None
+            if not (isinstance(message, list) and message and _KINDS.get(message[0]) == len(message)):
+                raise _Corrupt("a message of unknown shape")
+            out.append(message)
+        return out
+
+    def last_label(self) -> str:
+        slot = int(self.marks[0]) // 16
+        return self.labels[slot] if slot < len(self.labels) else "candidate"
+
     def current_call(self) -> tuple[str, str, float] | None:
         """(harness label, what, seconds running) of the harness call in progress, if any."""
         code, started = self.marks[0], self.marks[1]
@@ -353,13 +448,23 @@ class _Worker:
         label = self.labels[slot] if slot < len(self.labels) else "?"
         return label, _CALLS.get(call, "harness code"), time.monotonic() - started
 
+    def reap(self, timeout: float) -> bool:
+        """Wait for the process to exit, polling. Never `Process.join`: it trusts the sentinel
+        pipe, which harness code can write to, and then blocks in waitpid on a live process."""
+        deadline = time.monotonic() + timeout
+        while self.process.exitcode is None:  # exitcode polls with WNOHANG
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
     def kill(self) -> None:
         if self.process.pid is not None and self.process.exitcode is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.process.kill()
-        self.process.join(5)
+        self.reap(5)
 
     def close(self) -> None:
         if self.process.exitcode is None and self.ready and not self.busy:  # idle: let it exit
@@ -367,7 +472,7 @@ class _Worker:
                 self.conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-            self.process.join(2)
+            self.reap(2)
         self.kill()
         self.conn.close()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
@@ -404,6 +509,8 @@ class SandboxPool:
     """
 
     POLL_S = 0.05
+    STALL_S = 5.0  # generous: on a loaded machine a woken worker can wait to be scheduled
+    STARTUP_S = 120.0
 
     def __init__(self, harnesses: Sequence[tuple[str, Mapping[str, str]]], job: WorkerJob,
                  workers: int = 1, limits: SandboxLimits = SandboxLimits()):
@@ -435,8 +542,9 @@ class SandboxPool:
         self.workers = []
 
     def _await_ready(self) -> None:
-        # Loading harness files is timed per worker (marks); this bounds the interpreter start.
-        deadline = time.monotonic() + 2 * self.limits.load_timeout_s
+        # Loading harness files is timed per worker (marks); this only bounds the interpreter
+        # start and our imports, which a loaded machine can slow down a lot.
+        deadline = time.monotonic() + max(self.STARTUP_S, 2 * self.limits.load_timeout_s)
         while not all(w.ready for w in self.workers):
             for worker, kind, payload in self._poll(deadline):
                 if kind != "ready":
@@ -454,13 +562,20 @@ class SandboxPool:
                     if item is None:
                         exhausted = True
                         break
+                    if not worker.busy:
+                        worker.since = time.monotonic()
                     worker.busy.append(item[0])
-                    worker.conn.send(item[1])
+                    worker.stalled_since = None
+                    try:
+                        worker.conn.send(item[1])
+                    except OSError:  # it died (or its pipe was closed) under harness code
+                        self._died(worker)
             if exhausted and not any(w.busy for w in self.workers):
                 return
             for worker, kind, payload in self._poll(None):
                 if kind != "done":
                     raise SandboxError(f"worker sent {kind!r} while busy")
+                worker.since, worker.stalled_since = time.monotonic(), None
                 yield worker.busy.pop(0), payload
 
     def _poll(self, load_deadline: float | None) -> Iterator[tuple[_Worker, str, Any]]:
@@ -469,39 +584,48 @@ class SandboxPool:
             by_conn = {w.conn: w for w in self.workers}
             by_sentinel = {w.process.sentinel: w for w in self.workers}
             ready = wait([*by_conn, *by_sentinel], timeout=self.POLL_S)
-            got = []
+            got, dead = [], []
             for obj in ready:
                 worker = by_conn.get(obj)
                 if worker is None:
                     continue
                 try:
-                    message = worker.conn.recv()
-                except (EOFError, OSError):
-                    continue  # died: its sentinel tells below
-                except Exception as exc:  # noqa: BLE001 -- harness code wrote to the pipe
-                    call = worker.current_call()
+                    messages = worker.read()
+                except _Corrupt as exc:
+                    label = worker.last_label()
                     self.close()
-                    raise CandidateFailure(
-                        f"corrupted the worker's result pipe ({type(exc).__name__})"
-                        + (f" during {call[1]}" if call else ""), call[0] if call else "candidate") from None
-                kind = message[0]
-                if kind == "failed":
-                    self.close()
-                    raise CandidateFailure(message[2], message[1])
-                if kind == "error":
-                    self.close()
-                    raise SandboxError(f"backtest worker failed:\n{message[1]}")
-                got.append((worker, kind, message[1]))
+                    raise CandidateFailure(f"wrote into the sandbox worker's result pipe ({exc})", label) from None
+                if messages is None:
+                    dead.append(worker)  # EOF: it died; its sentinel says how
+                for message in messages or ():
+                    kind = message[0]
+                    if kind == "failed":
+                        self.close()
+                        raise CandidateFailure(str(message[2]), str(message[1]))
+                    if kind == "error":
+                        self.close()
+                        if worker.ready:  # harness code ran here and may have broken our code
+                            last = str(message[1]).strip().splitlines()[-1:]
+                            raise CandidateFailure("the sandbox worker failed outside harness code after "
+                                                   f"running it: {' '.join(last)}", worker.last_label())
+                        raise SandboxError(f"sandbox worker failed:\n{message[1]}")
+                    got.append((worker, kind, message[1]))
             if got:
                 yield from got
                 return
             for obj in ready:
                 if obj in by_sentinel:
                     self._died(by_sentinel[obj])
+            for worker in dead:
+                worker.reap(1)
+                self._died(worker)
             self._check_time(load_deadline)
 
     def _died(self, worker: _Worker) -> None:
-        worker.process.join(1)
+        if not worker.reap(1):  # its sentinel fired, yet it runs: harness code wrote to the pipe
+            label = worker.last_label()
+            self.close()
+            raise CandidateFailure("wrote into the sandbox worker's exit sentinel", label)
         code = worker.process.exitcode
         call = worker.current_call()
         self.close()
@@ -511,10 +635,28 @@ class SandboxPool:
         if not worker.ready:
             raise CandidateFailure(f"the worker process died ({how}) while loading the harnesses",
                                    worker.labels[-1])
-        raise SandboxError(f"a backtest worker died ({how}) outside harness code")
+        # Our code does not exit on its own: harness code (os._exit, a closed pipe) made it.
+        raise CandidateFailure(f"the worker process died ({how}) after running harness code",
+                               worker.last_label())
 
     def _check_time(self, load_deadline: float | None) -> None:
+        now = time.monotonic()
         for worker in self.workers:
+            # Waiting for work while we wait for its answer: someone else read the request.
+            if worker.busy and not worker.marks[2]:
+                worker.stalled_since = worker.stalled_since or now
+                if now - worker.stalled_since > self.STALL_S:
+                    label = worker.last_label()
+                    self.close()
+                    raise CandidateFailure("the sandbox worker lost the parent's request "
+                                           "(harness code read from its pipe?)", label)
+            else:
+                worker.stalled_since = None
+            if worker.busy and now - worker.since > self.limits.message_timeout_s:
+                label = worker.last_label()
+                self.close()
+                raise CandidateFailure(f"one chunk took over {self.limits.message_timeout_s:g} s "
+                                       "(the time budget)", label)
             call = worker.current_call()
             if call is None:
                 continue

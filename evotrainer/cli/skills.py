@@ -1,0 +1,67 @@
+"""`evotrainer skills list|show|search`: the shipped skills plus those the workspace learned."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from evotrainer.skills.library import STATUSES, SkillError, SkillLibrary
+
+app = typer.Typer(name="skills", help="Browse the skill library: reusable, evidence-backed harness "
+                  "interventions.", no_args_is_help=True)
+
+Workdir = Annotated[Optional[Path], typer.Option(
+    "--workdir", "-w", envvar="EVOTRAINER_WORKDIR",
+    help="Workspace whose learned skills (WORKDIR/skills/) join and override the shipped ones.")]
+DomainOpt = Annotated[Optional[str], typer.Option("--domain", "-d", help="Only skills for this domain.")]
+Status = enum.Enum("Status", {s: s for s in STATUSES}, type=str)
+StatusOpt = Annotated[Optional[Status], typer.Option("--status", "-s", help="Only skills with this status.")]
+
+
+def _library(workdir: Optional[Path]) -> SkillLibrary:
+    lib = SkillLibrary.load(workdir)
+    err = Console(stderr=True)
+    for message in lib.errors:
+        err.print(Text.assemble(("skipped: ", "yellow"), message))
+    return lib
+
+
+def _where(workdir: Optional[Path]) -> str:
+    return f"shipped + {workdir / 'skills'}" if workdir else "shipped"
+
+
+@app.command("list")
+def list_cmd(workdir: Workdir = None, domain: DomainOpt = None, status: StatusOpt = None) -> None:
+    """Every skill: status, domains, trigger, targeted metric. `*` marks a workspace skill."""
+    from evotrainer.skills.render import skills_table
+
+    skills = _library(workdir).filter(domain, status.value if status else None)
+    Console().print(skills_table(skills, f"{len(skills)} skill(s) ({_where(workdir)})"))
+
+
+@app.command("show")
+def show_cmd(name: Annotated[str, typer.Argument(help="Skill name.")], workdir: Workdir = None) -> None:
+    """One skill in full: trigger, intervention, grid, expected effect, evidence and README."""
+    from evotrainer.skills.render import skill_panel
+
+    try:
+        skill = _library(workdir).get(name)
+    except SkillError as exc:
+        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
+        raise typer.Exit(1)
+    Console().print(skill_panel(skill))
+
+
+@app.command("search")
+def search_cmd(text: Annotated[str, typer.Argument(help="Words to find in name, summary or README.")],
+               workdir: Workdir = None, domain: DomainOpt = None) -> None:
+    """Skills that mention every word of TEXT, best match first."""
+    from evotrainer.skills.render import skills_table
+
+    skills = [s for s in _library(workdir).search(text) if domain is None or s.applies_to(domain)]
+    Console().print(skills_table(skills, f"{len(skills)} skill(s) matching {text!r}"))

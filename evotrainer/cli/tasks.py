@@ -1,0 +1,119 @@
+"""`evotrainer tasks`: synthesize SWE tasks from a repo, import SWE-bench JSONL, list a task file."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Annotated, List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(name="tasks", help="Build SWE task sets: synthesize bugs in a repo, or import SWE-bench JSONL.",
+                  no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def _hook(spec: str | None):
+    """'package.module:function' -> the function (an optional LLM statement writer)."""
+    if not spec:
+        return None
+    module, _, name = spec.partition(":")
+    if not name:
+        raise typer.BadParameter("expected package.module:function", param_hint="--statement-hook")
+    return getattr(importlib.import_module(module), name)
+
+
+@app.command("synth")
+def synth_cmd(
+    repo: Annotated[Path, typer.Option("--repo", help="A Python repo with a pytest test suite.")],
+    out: Annotated[Path, typer.Option("--out", help="Task file to write (SWE-bench JSONL).")],
+    n: Annotated[int, typer.Option("--n", min=1, help="Tasks to keep.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the mutation order.")] = 0,
+    snapshot: Annotated[Optional[Path], typer.Option(
+        "--snapshot", help="Copy the repo's source (no .git) into DIR/<name>-<hash>/ and point `repo` there, "
+        "relative to the task file. Default: `repo` is the given path.")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Repo name in ids (default: folder name).")] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel test runs.")] = 1,
+    levels: Annotated[str, typer.Option("--levels", help="Difficulty levels to cycle through, e.g. 0,1,2.")] = "0,1,2",
+    include: Annotated[Optional[List[str]], typer.Option(
+        "--include", help="Glob of source files to mutate (repeatable; default all non-test .py files).")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds for one mutated test run.")] = 60.0,
+    max_candidates: Annotated[int, typer.Option("--max-candidates", help="Mutation sites to try at most.")] = 400,
+    per_function: Annotated[int, typer.Option("--per-function", min=1, help="Tasks per function at most.")] = 1,
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", help="Grade gold (must resolve) and empty (must not) with the real grader.")] = True,
+    statement_hook: Annotated[Optional[str], typer.Option(
+        "--statement-hook", help="module:function that writes the problem statement from the template "
+        "context (e.g. an LLM); the template is the fallback.")] = None,
+):
+    """Inject seeded AST bugs into REPO and keep those its tests catch (>= 1 FAIL_TO_PASS and
+    >= 1 PASS_TO_PASS); write SWE-bench JSONL with `level` and `bug_patch` (the bug, as a diff on
+    the clean repo)."""
+    from evotrainer.tasks.synth import SynthOptions, synthesize
+
+    try:
+        lv = tuple(int(x) for x in levels.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"not a list of integers: {levels!r}", param_hint="--levels") from None
+    if not lv or any(x not in (0, 1, 2) for x in lv):
+        raise typer.BadParameter("levels are 0, 1 and 2", param_hint="--levels")
+    opts = SynthOptions(n=n, seed=seed, levels=lv, workers=workers, timeout_s=timeout,
+                        max_candidates=max_candidates, max_per_function=per_function,
+                        include=tuple(include or ()), verify=verify, statement_hook=_hook(statement_hook),
+                        progress=lambda msg: console.print(msg, markup=False, highlight=False))
+    try:
+        records = synthesize(repo, out, opts, snapshot=snapshot, name=name)
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1)
+    console.print(f"wrote {len(records)} task(s) to {out}")
+    if len(records) < n:
+        console.print(f"[yellow]asked for {n}; raise --max-candidates or widen --include for more")
+
+
+@app.command("import")
+def import_cmd(
+    file: Annotated[Path, typer.Argument(help="SWE-bench-format JSONL (repos as local folders).")],
+    out: Annotated[Path, typer.Option("--out", help="Where to write the validated task file.")],
+    repo_root: Annotated[Optional[Path], typer.Option(
+        "--repo-root", help="Folder holding the repos, for lines whose `repo` is an 'owner/name' id.")] = None,
+    level: Annotated[Optional[int], typer.Option("--level", help="Level for lines without one (default 2).")] = None,
+):
+    """Validate SWE-bench JSONL with the grader's loader and write it with `repo` paths that
+    resolve from OUT's folder."""
+    from evotrainer.tasks.importer import import_tasks
+
+    try:
+        tasks = import_tasks(file, out, repo_root=repo_root, default_level=level)
+    except ValueError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(1)
+    console.print(f"imported {len(tasks)} task(s) to {out}")
+
+
+@app.command("list")
+def list_cmd(file: Annotated[Path, typer.Argument(help="A task file (default: the bundled pack).")] = None):
+    """One line per task: id, level, tests, the mutated function."""
+    from evotrainer.grade import load_tasks
+    from evotrainer.tasks import pack_files
+
+    files = [file] if file else pack_files()
+    table = Table()
+    for col in ("instance_id", "level", "F2P", "P2P", "where"):
+        table.add_column(col)
+    for f in files:
+        for t in load_tasks(f):
+            m = t.extra.get("mutation") or {}
+            where = f"{m.get('path', '')}:{m.get('function', '')}" if m else t.repo
+            table.add_row(t.instance_id, str(t.level), str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), where)
+    Console().print(table)
+
+
+def main() -> None:  # `python -m evotrainer.cli.tasks`, until the main CLI registers the sub-app
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""Outer agents: evidence (health report, sample rollouts) + harness sources + skills -> proposals.
+
+Importing this package registers every agent, so `get_agent("rules")` works after it.
+"""
+
+from evotrainer.propose.base import Agent, Evidence, Proposal, get_agent, register_agent
+from evotrainer.propose import rules  # noqa: F401  (registers "rules")
+
+try:
+    from evotrainer.propose import llm  # noqa: F401  (registers "llm")
+except ImportError as exc:  # not written yet, or its optional client library is missing
+    if getattr(exc, "name", None) not in ("evotrainer.propose.llm", "openai"):
+        raise
+
+__all__ = ["Agent", "Evidence", "Proposal", "get_agent", "register_agent"]

@@ -1,0 +1,785 @@
+"""Run an untrusted command in a throwaway copy of a folder, with OS limits, and always clean up.
+
+One call of `run_sandboxed` is one execution:
+
+1. A fresh temp folder `<work>/` holds `repo/` (a copy of `src` without `.git`/VCS history, plus
+   `files`), `home/`, `tmp/`, `aux-<random>/` (read-only inputs such as a trusted pytest plugin)
+   and `out-<random>/` (where the command may write results: listable only by us, and collected
+   into `SandboxResult.outputs`). `{repo}`, `{aux}`, `{out}` and `{work}` in `cmd` and
+   `env_extra` are replaced by those paths (plain text replacement: other braces stay).
+2. A tiny trusted launcher (`_LAUNCHER`, run as `python -I -S -c`) is started in its own session
+   (`start_new_session`, so its pid is the process-group id). Before it `exec`s the command it:
+   joins a pids cgroup when one can be made, unshares a network namespace (loopback only), a
+   mount namespace (private tmpfs on /tmp, /var/tmp, /dev/shm; `hide` paths covered) and a pid
+   namespace (the command's orphans are reaped inside it, its /proc shows only its own
+   processes, and killing its pid 1 kills everything it started), sets rlimits (CPU, address
+   space, file size, processes, no core files), drops to a fresh unprivileged uid when we run as
+   root, and sets `no_new_privs` and a parent-death signal. Not root: a user namespace owns the
+   others. It reports what it managed on a pipe, so every result says which isolation was real
+   (`SandboxResult.isolation`).
+3. The parent waits with a wall-clock timeout and a process budget, kills the command (pid
+   namespace first, then the process group) with SIGKILL on either, sweeps stragglers that left
+   the group (`setsid`) through the cgroup and the sandbox uid, and removes the folder in
+   `finally` (read-only files included). Folders and cgroups of a process killed outright are
+   removed by the next process that starts a sandbox (their names carry the dead pid).
+
+Why a launcher and not `preexec_fn`: `preexec_fn` is unsafe when the parent has threads (the CLI
+draws a progress bar in one), and a failure in it cannot say what went wrong.
+
+Fork bombs. RLIMIT_NPROC counts processes per *user* and is never enforced for uid 0, so as root
+it does nothing. Three layers instead: a pids cgroup (`pids.max`) when the cgroup filesystem is
+writable; RLIMIT_NPROC under the fresh uid, which is unique to this execution, so the count is
+exactly the sandbox's; and the parent's budget check, which kills the run once it holds `nproc`
+processes. What is real depends on the machine; `isolation_support()` says.
+
+Not a container: the command still reads every host file an unprivileged user may read (except
+`hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
+network, /tmp, the process list) with the host. No seccomp filter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj"})
+OUTPUT_CAP = 64 * 1024  # bytes kept of stdout and of stderr (head and tail)
+OUTPUT_FILE_CAP = 8 * 1024 * 1024  # bytes kept of one file in out-*/
+MIN_SANDBOX_UID = 1_000_000_000  # fresh uids come from [MIN, MIN + 2**30): no real user is there
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
+_HELPERS = 2  # the launcher's waiter and the pid namespace's reaper, in the cgroup too
+_counter = itertools.count()
+_support: dict[str, Any] | None = None
+_support_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """What one sandboxed execution did. `returncode` is negative for a signal (as in subprocess)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    killed: bool  # we sent SIGKILL: timeout, process budget, or stragglers after exit
+    duration_s: float
+    network_isolated: bool
+    isolation: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, bytes] = field(default_factory=dict)
+    workdir_listing: tuple[str, ...] | None = None
+    nproc_exceeded: bool = False
+    launch_error: str | None = None  # the launcher could not start the command
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and self.launch_error is None
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the command): a missing src, an unwritable temp dir."""
+
+
+# ---------------------------------------------------------------- the launcher (runs as the child)
+
+_LAUNCHER = r"""
+import ctypes, json, os, resource, signal, sys
+cfg = json.loads(sys.argv[1]); sfd = int(sys.argv[2]); st = {}
+os.set_inheritable(sfd, False)  # closes at exec: the parent reads the status until EOF
+NEWNS, NEWNET, NEWUSER, NEWPID = 0x00020000, 0x40000000, 0x10000000, 0x20000000
+REC, PRIV, BIND, NOSUID, NODEV, NOEXEC = 16384, 1 << 18, 4096, 2, 4, 8
+def report(**kw):
+    st.update(kw)
+    try:
+        os.write(sfd, (json.dumps(st) + "\n").encode())
+    except OSError:
+        pass
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG: if the grader dies, so does this run (the reaper does the same)
+    if os.getppid() != cfg["parent"]:
+        os._exit(125)
+    def mount(src, dst, fstype, flags, data=None):
+        enc = lambda s: None if s is None else s.encode()
+        if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
+            raise OSError(ctypes.get_errno(), "mount " + dst)
+    if cfg["cgroup"]:
+        try:
+            with open(cfg["cgroup"], "w") as f: f.write(str(os.getpid()))
+            st["cgroup"] = True
+        except OSError:
+            st["cgroup"] = False
+    root = os.geteuid() == 0
+    if not root and (cfg["netns"] or cfg["mountns"]):
+        # Unprivileged: a user namespace where we are root, to own the other namespaces.
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(NEWUSER) == 0:
+            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+                with open("/proc/self/" + name, "w") as f: f.write(text)
+            st["userns"] = True
+    st["netns"] = bool(cfg["netns"]) and libc.unshare(NEWNET) == 0
+    if st["netns"]:
+        import fcntl, socket, struct
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b""))[:18])[1]
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
+            s.close(); st["loopback"] = True
+        except OSError:
+            st["loopback"] = False
+    st["mountns"] = False
+    if cfg["mountns"] and libc.unshare(NEWNS) == 0:
+        mount(None, "/", None, REC | PRIV)
+        keep = [(p, os.open(p, os.O_PATH)) for p in cfg["expose"] + [cfg["workdir"]]]
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            if os.path.isdir(d) and not os.path.islink(d):
+                mount("tmpfs", d, "tmpfs", NOSUID | NODEV, "size=%dm,mode=1777" % cfg["tmpfs_mb"])
+        st["hidden"] = 0
+        for h in cfg["hide"]:
+            try:
+                if os.path.isdir(h): mount("tmpfs", h, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+                elif os.path.exists(h): mount("/dev/null", h, None, BIND)
+                st["hidden"] += 1
+            except OSError:
+                pass  # reported: `hidden` counts the paths actually covered
+        for c in cfg["cover"]:
+            mount("tmpfs", c, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+        for p, fd in keep:
+            if os.path.isdir("/proc/self/fd/%d" % fd): os.makedirs(p, exist_ok=True)
+            mount("/proc/self/fd/%d" % fd, p, None, BIND | REC)
+            os.close(fd)
+        st["mountns"] = True
+    st["pidns"] = bool(cfg["pidns"]) and libc.unshare(NEWPID) == 0
+    def wait_for(pid, reap_all):
+        while True:
+            try:
+                got, status = os.waitpid(-1 if reap_all else pid, 0)
+            except InterruptedError:
+                continue
+            if got == pid:
+                return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    if st["pidns"]:
+        # Three processes: this one waits outside; its child is pid 1 of the new namespace and only
+        # reaps (orphans are reparented to it, not to the host's init); the grandchild execs the
+        # command. When pid 1 exits or is killed, the kernel kills and reaps the whole namespace.
+        reaper = os.fork()
+        if reaper:
+            os.write(sfd, (json.dumps({"child": reaper}) + "\n").encode()); os.close(sfd)
+            code = wait_for(reaper, False)
+            if 128 < code < 160:  # the command died of a signal: die of it too, for the exit status
+                if code - 128 not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(code - 128, signal.SIG_DFL)
+                os.kill(os.getpid(), code - 128)
+            os._exit(code)
+        libc.prctl(1, 9)
+        if st["mountns"]:
+            mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC)
+        command = os.fork()
+        if command:
+            os.close(sfd)
+            os._exit(wait_for(command, True))
+    L = cfg["limits"]
+    for name, soft, hard in (("RLIMIT_CPU", L["cpu_s"], L["cpu_s"] + 1), ("RLIMIT_AS", L["as"], L["as"]),
+                             ("RLIMIT_FSIZE", L["fsize"], L["fsize"]), ("RLIMIT_CORE", 0, 0),
+                             ("RLIMIT_NPROC", L["nproc"], L["nproc"])):
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    if cfg["uid"] is not None:
+        os.setgroups([]); os.setgid(cfg["uid"]); os.setuid(cfg["uid"])
+    st["uid"] = os.getuid()
+    st["no_new_privs"] = libc.prctl(38, 1, 0, 0, 0) == 0
+    os.chdir(cfg["cwd"])
+    report()
+    os.execve(cfg["exe"], cfg["cmd"], cfg["env"])
+except BaseException as exc:
+    report(error="%s: %s" % (type(exc).__name__, exc))
+    os._exit(127)
+"""
+
+
+# ---------------------------------------------------------------- isolation support on this machine
+
+
+def isolation_support() -> dict[str, Any]:
+    """What this machine gives the sandbox, probed once per process by launching `true`-like code."""
+    global _support
+    with _support_lock:
+        if _support is None:
+            _remove_stale()
+            base = _cgroup_base()
+            probe = _launch_probe()
+            _support = {
+                "root": os.geteuid() == 0,
+                "netns": bool(probe.get("netns")),
+                "mountns": bool(probe.get("mountns")),
+                "pidns": bool(probe.get("pidns")),
+                "cgroup_pids": base is not None,
+                "uid_drop": os.geteuid() == 0 and probe.get("uid") not in (None, 0),
+                "probe_error": probe.get("error"),
+            }
+        return dict(_support)
+
+
+def network_isolation_available() -> bool:
+    """True when a sandboxed command gets its own network namespace (loopback only)."""
+    return isolation_support()["netns"]
+
+
+def _launch_probe() -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-probe-"))
+    try:
+        uid = _fresh_uid() if os.geteuid() == 0 else None
+        os.chmod(tmp, 0o711)
+        (tmp / "repo").mkdir()
+        if uid is not None:
+            os.chown(tmp / "repo", uid, uid)
+        exe = sys.executable
+        cfg = _launcher_config([exe, "-I", "-S", "-c", "pass"], tmp, tmp / "repo", {}, uid,
+                               _limits(10, 1024, 16, 16), netns=True, mountns=True, pidns=True, cgroup=None,
+                               hide=[], exe=exe)
+        proc, status = _start(cfg, tmp)
+        proc.communicate(timeout=30)
+        if proc.returncode != 0:
+            # The namespaces may be granted while the command cannot run under the fresh uid.
+            status["uid"] = None
+            status.setdefault("error", f"probe exited {proc.returncode}")
+        return status
+    except Exception as exc:  # noqa: BLE001 -- a failed probe means "no isolation", never a crash
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        _rmtree(tmp)
+
+
+# ---------------------------------------------------------------- the public entry point
+
+
+def run_sandboxed(
+    cmd: Sequence[str],
+    *,
+    src: Path | str | None = None,
+    files: Mapping[str, str | bytes | None] | None = None,
+    aux_files: Mapping[str, str | bytes] | None = None,
+    timeout_s: float = 30.0,
+    cpu_s: int | None = None,
+    mem_mb: int = 1024,
+    fsize_mb: int = 64,
+    nproc: int = 32,
+    env_extra: Mapping[str, str] | None = None,
+    hide: Sequence[Path | str] = (),
+    network: bool = False,
+    list_workdir: bool = False,
+    stdin: bytes | None = None,
+) -> SandboxResult:
+    """Run `cmd` in a fresh copy of `src` (+ `files`; None removes) under limits; see the module docstring.
+
+    `cmd[0]` is resolved on the sandbox PATH (or is absolute). `cpu_s` defaults to the timeout.
+    `hide` lists host paths the command must not see (the task's originals). `network=True`
+    skips the network namespace. `stdin` is fed to the command (then closed): inputs passed this
+    way never exist as files the command could find. Raises SandboxError only when the sandbox
+    cannot be set up.
+    """
+    if not cmd:
+        raise ValueError("cmd must not be empty")
+    support = isolation_support()
+    work = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-"))
+    cgroup_dir: Path | None = None
+    uid = _fresh_uid() if support["uid_drop"] else None
+    start = time.monotonic()
+    try:
+        os.chmod(work, 0o711)  # traversable, not listable: the out-/aux- names stay unguessable
+        repo, home, tmp = work / "repo", work / "home", work / "tmp"
+        aux, out = work / f"aux-{secrets.token_hex(8)}", work / f"out-{secrets.token_hex(8)}"
+        _copy_tree(src, repo)
+        for rel, content in (files or {}).items():
+            if content is None:
+                _remove_inside(repo, rel)
+            else:
+                _write_inside(repo, rel, content)
+        for d in (home, tmp, aux, out):
+            d.mkdir()
+        for rel, content in (aux_files or {}).items():
+            _write_inside(aux, rel, content)
+        if uid is not None:
+            for d in (repo, home, tmp):
+                _chown_tree(d, uid)
+            os.chmod(aux, 0o755)
+            os.chmod(out, 0o733)  # the uid may create files here but not list them
+        paths = {"repo": str(repo), "aux": str(aux), "out": str(out), "work": str(work)}
+        argv = [_fill(a, paths) for a in cmd]
+        env = _scrubbed_env(home, tmp, {k: _fill(v, paths) for k, v in (env_extra or {}).items()})
+        exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env["PATH"])
+        if exe is None:
+            raise SandboxError(f"command not found on the sandbox PATH: {argv[0]}")
+        cgroup_dir = _make_cgroup(nproc) if support["cgroup_pids"] else None
+        # RLIMIT_NPROC counts every process of the real uid: under our own (non-root) uid the
+        # ones already running count too, so the sandbox gets nproc on top of them.
+        own = 0 if uid is not None or os.geteuid() == 0 else sum(1 for st in _proc_stats() if st.st_uid == os.getuid())
+        cfg = _launcher_config(
+            argv, work, repo, env, uid, _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc + own),
+            netns=not network and support["netns"], mountns=support["mountns"], pidns=support["pidns"],
+            cgroup=str(cgroup_dir / "cgroup.procs") if cgroup_dir else None,
+            hide=_hideable(hide, work, exe), exe=exe)
+        return _supervise(cfg, work, out, uid, cgroup_dir, nproc, timeout_s, start, list_workdir, stdin)
+    finally:
+        _sweep(None, uid, cgroup_dir)
+        if cgroup_dir is not None:
+            _remove_cgroup(cgroup_dir)
+        _rmtree(work)
+
+
+def _hideable(hide: Sequence[Path | str], work: Path, exe: str) -> list[str]:
+    """Paths to cover, minus any that hold what the command needs (the copy, the interpreter)."""
+    needed = [str(work), os.path.realpath(exe), os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)]
+    out = []
+    for h in hide:
+        p = os.path.realpath(h)
+        if os.path.exists(p) and not any(n == p or n.startswith(p.rstrip("/") + "/") for n in needed):
+            out.append(p)
+    return out
+
+
+def _fill(text: str, paths: Mapping[str, str]) -> str:
+    """Replace the {repo}/{aux}/{out}/{work} placeholders, and nothing else (code has braces)."""
+    for name, value in paths.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def _supervise(cfg, work: Path, out: Path, uid, cgroup_dir, nproc: int, timeout_s: float,
+               start: float, list_workdir: bool, stdin: bytes | None) -> SandboxResult:
+    proc, status = _start(cfg, work, stdin is not None)
+    stdout, stderr = _Capped(proc.stdout), _Capped(proc.stderr)
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    timed_out = over_budget = killed = False
+    deadline = start + timeout_s
+    try:
+        while True:
+            try:
+                proc.wait(timeout=0.05)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                timed_out = True
+            elif _process_count(proc.pid, uid, cgroup_dir) >= nproc:
+                over_budget = True
+            if timed_out or over_budget:
+                killed = True
+                _stop(proc, status)
+                break
+    finally:
+        if proc.returncode is None:
+            _stop(proc, status)
+        # Anything still alive (daemonized children, setsid escapers) dies before we read on.
+        killed |= _sweep(proc.pid, uid, cgroup_dir)
+    stdout.join(), stderr.join()
+    listing = tuple(sorted(str(p.relative_to(work / "repo")) for p in (work / "repo").rglob("*"))) \
+        if list_workdir else None
+    return SandboxResult(
+        returncode=proc.returncode,
+        stdout=stdout.text(),
+        stderr=stderr.text(),
+        timed_out=timed_out,
+        killed=killed,
+        duration_s=time.monotonic() - start,
+        network_isolated=bool(status.get("netns")),
+        isolation={k: v for k, v in status.items() if k != "error"} | {"cgroup_pids": cgroup_dir is not None},
+        outputs=_collect(out),
+        workdir_listing=listing,
+        nproc_exceeded=over_budget,
+        launch_error=status.get("error"),
+    )
+
+
+# ---------------------------------------------------------------- launching
+
+
+def _limits(cpu_s: int, mem_mb: int, fsize_mb: int, nproc: int) -> dict[str, int]:
+    return {"cpu_s": int(cpu_s), "as": int(mem_mb) << 20, "fsize": int(fsize_mb) << 20, "nproc": int(nproc)}
+
+
+def _launcher_config(argv, work: Path, repo: Path, env, uid, limits, *, netns, mountns, pidns, cgroup, hide,
+                     exe) -> dict[str, Any]:
+    expose = _python_paths(exe) if uid is not None else []
+    return {"cmd": list(argv), "exe": exe, "parent": os.getpid(), "env": dict(env), "cwd": str(repo), "workdir": str(work),
+            "uid": uid, "limits": limits, "netns": netns, "mountns": mountns, "pidns": pidns, "cgroup": cgroup,
+            "hide": hide, "expose": expose if mountns else [],
+            "cover": _covers(expose) if mountns else [],
+            "tmpfs_mb": max(16, limits["fsize"] >> 20)}
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        with pipe:
+            pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass  # the command exited without reading it all
+
+
+def _start(cfg: dict[str, Any], work: Path, with_stdin: bool = False) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start the launcher; return the process and its status line (read before the command runs)."""
+    rfd, wfd = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg), str(wfd)],
+            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(wfd,), start_new_session=True, env={"PATH": PATH}, cwd=str(work), close_fds=True,
+        )
+    finally:
+        os.close(wfd)
+    try:
+        # The launcher writes its status and the pipe closes at exec (or exit); it runs no untrusted
+        # code before, so a long wait here means the machine is stuck, not the command.
+        data = b""
+        while True:
+            ready, _, _ = select.select([rfd], [], [], 30)
+            chunk = os.read(rfd, 65536) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(rfd)
+    status: dict[str, Any] = {}
+    for line in data.splitlines():  # one line before exec, a second one if exec failed
+        try:
+            status.update(json.loads(line))
+        except ValueError:
+            status["error"] = f"launcher status unreadable: {data[:200]!r}"
+    if not status:
+        status["error"] = "launcher gave no status"
+    return proc, status
+
+
+def _scrubbed_env(home: Path, tmp: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """A fresh environment: nothing of ours (tokens, proxies, virtualenv) leaks in."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{PATH}",
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
+    env.update(extra)
+    return env
+
+
+def _python_paths(exe: str) -> list[str]:
+    """The interpreter's files, which the fresh uid must reach even under a private home."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
+             os.path.dirname(os.path.realpath(exe))}
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+def _covers(expose: Sequence[str]) -> list[str]:
+    """Ancestors of exposed paths that others cannot traverse (e.g. /root, mode 700).
+
+    The launcher mounts an empty tmpfs (mode 755) over each and binds the exposed paths back, so
+    the sandbox uid reaches the interpreter and nothing else that lives there.
+    """
+    covers: set[str] = set()
+    for p in expose:
+        parts = Path(p).parts
+        for i in range(2, len(parts)):
+            anc = str(Path(*parts[:i]))
+            if not os.stat(anc).st_mode & stat.S_IXOTH:
+                covers.add(anc)
+                break
+    return sorted(covers)
+
+
+def _fresh_uid() -> int:
+    """A uid no process holds now: RLIMIT_NPROC then counts this execution's processes only."""
+    busy = {st.st_uid for st in _proc_stats()}
+    while True:
+        uid = MIN_SANDBOX_UID + secrets.randbelow(2**30)
+        if uid not in busy:
+            return uid
+
+
+# ---------------------------------------------------------------- copying and cleaning up
+
+
+def _copy_tree(src: Path | str | None, dst: Path) -> None:
+    if src is None:
+        dst.mkdir()
+        return
+    src = Path(src)
+    if not src.is_dir():
+        raise SandboxError(f"sandbox src is not a folder: {src}")
+    # symlinks=True: a link to /etc/passwd stays a link, it is not copied in as content.
+    shutil.copytree(src, dst, symlinks=True, ignore=lambda d, names: [n for n in names if n in VCS_DIRS])
+
+
+def _write_inside(root: Path, rel: str, content: str | bytes) -> None:
+    target = (root / rel)
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not _inside(root, target.parent):
+        raise SandboxError(f"file path escapes the sandbox: {rel}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()
+    data = content.encode() if isinstance(content, str) else content
+    target.write_bytes(data)
+
+
+def _remove_inside(root: Path, rel: str) -> None:
+    target = root / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not _inside(root, target.parent):
+        raise SandboxError(f"file path escapes the sandbox: {rel}")
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    os.lchown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a tree whatever the command did to it (chmod 000, read-only files)."""
+
+    def fix(func, p, exc_info):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    if path.exists():
+        shutil.rmtree(path, onerror=fix)
+        if path.exists():  # a last pass for trees made unreadable below the top
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _collect(out: Path) -> dict[str, bytes]:
+    """Regular files the command left in out-*/ (no links followed, each capped)."""
+    found: dict[str, bytes] = {}
+    for entry in os.scandir(out):
+        if entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                found[entry.name] = f.read(OUTPUT_FILE_CAP)
+    return found
+
+
+class _Capped:
+    """Drain a pipe on a thread, keeping the head and tail so a flood cannot fill memory."""
+
+    def __init__(self, stream) -> None:
+        self.head, self.tail, self.dropped = bytearray(), bytearray(), 0
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream) -> None:
+        half = OUTPUT_CAP // 2
+        with stream:
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                room = half - len(self.head)
+                if room > 0:
+                    self.head += chunk[:room]
+                    chunk = chunk[room:]
+                self.tail += chunk
+                if len(self.tail) > half:
+                    self.dropped += len(self.tail) - half
+                    del self.tail[:-half]
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+    def text(self) -> str:
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n".encode() if self.dropped else b""
+        return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- processes, cgroups, killing
+
+
+def _remove_stale() -> None:
+    """Copies and cgroups left by a process that was killed outright (no `finally` ran): both
+    names start with the pid of the process that made them, and that process is gone."""
+    def dead(name: str) -> bool:
+        pid = name.split("-", 1)[0]
+        return pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+
+    for d in Path(tempfile.gettempdir()).glob("evo-sbx-*"):
+        if dead(d.name[len("evo-sbx-"):]) and d.is_dir() and not d.is_symlink():
+            _rmtree(d)
+    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        base = root / "evotrainer-sandbox"
+        if base.is_dir():
+            for d in base.iterdir():
+                if d.is_dir() and dead(d.name):
+                    _remove_cgroup(d)
+
+
+def _cgroup_base() -> Path | None:
+    """A writable pids cgroup folder for our executions (cgroup v1 or v2), or None."""
+    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        base = root / "evotrainer-sandbox"
+        try:
+            base.mkdir(exist_ok=True)
+            probe = base / f"probe-{os.getpid()}-{secrets.token_hex(4)}"
+            probe.mkdir()
+            ok = (probe / "pids.max").exists()
+            probe.rmdir()
+            if ok:
+                return base
+        except OSError:
+            continue
+    return None
+
+
+def _make_cgroup(nproc: int) -> Path | None:
+    base = _cgroup_base()
+    if base is None:
+        return None
+    path = base / f"{os.getpid()}-{next(_counter)}-{secrets.token_hex(4)}"
+    try:
+        path.mkdir()
+        (path / "pids.max").write_text(str(nproc + _HELPERS))
+        return path
+    except OSError:
+        return None
+
+
+def _cgroup_pids(path: Path) -> list[int]:
+    try:
+        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _remove_cgroup(path: Path) -> None:
+    for _ in range(100):
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            for pid in _cgroup_pids(path):
+                _kill(pid)
+            time.sleep(0.01)
+
+
+@dataclass
+class _Stat:
+    pid: int
+    st_uid: int
+    pgrp: int
+
+
+def _proc_stats() -> list[_Stat]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            uid = os.stat(f"/proc/{name}").st_uid
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            out.append(_Stat(int(name), uid, int(fields[2])))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _process_count(pgid: int, uid: int | None, cgroup_dir: Path | None) -> int:
+    """The sandbox's live processes, by the most precise handle we have."""
+    if cgroup_dir is not None:
+        try:
+            return int((cgroup_dir / "pids.current").read_text()) - _HELPERS
+        except (OSError, ValueError):
+            pass
+    stats = _proc_stats()
+    if uid is not None:
+        return sum(1 for s in stats if s.st_uid == uid)
+    return sum(1 for s in stats if s.pgrp == pgid)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, status: Mapping[str, Any]) -> None:
+    """Kill the command. With a pid namespace, its init goes first: the kernel then kills and reaps
+    the whole namespace and the launcher reaps the init, so no zombie is left to pid 1."""
+    child = status.get("child")
+    if isinstance(child, int) and child > 1:
+        _kill(child)
+        try:
+            proc.wait(timeout=2)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    _killpg(proc.pid)
+    proc.wait()
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _sweep(pgid: int | None, uid: int | None, cgroup_dir: Path | None) -> bool:
+    """SIGKILL every process of this execution until none is left; True if there were any."""
+    found_any = False
+    for _ in range(200):
+        pids: set[int] = set(_cgroup_pids(cgroup_dir)) if cgroup_dir is not None else set()
+        if uid is not None or pgid is not None:
+            pids |= {s.pid for s in _proc_stats()
+                     if (uid is not None and s.st_uid == uid) or (pgid is not None and s.pgrp == pgid)}
+        pids.discard(os.getpid())
+        # Zombies of our direct child are reaped by Popen; others' zombies vanish with their parent.
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return found_any
+        found_any = True
+        if pgid is not None:
+            _killpg(pgid)
+        for pid in alive:
+            _kill(pid)
+        time.sleep(0.005)
+    return found_any
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
