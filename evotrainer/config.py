@@ -77,7 +77,7 @@ class CoevolveConfig(_Strict):
     """The outer loop (trusted config): agent choice and the verification rule."""
 
     agent: Literal["rules", "llm"] = "rules"
-    max_proposals: int = Field(6, ge=1)  # backtested per round; at most one is promoted
+    max_proposals: int = Field(8, ge=1)  # backtested per round; at most one is promoted
     enable_skills: list[str] = Field(default_factory=list)  # off-by-default skills to allow
     verify_z: float = Field(2.0, ge=0)  # a regression beyond z standard errors reverts
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)

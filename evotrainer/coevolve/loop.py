@@ -133,7 +133,7 @@ class Coevolution:
         agent = self._agent()
         skills = list(SkillLibrary.load(self.ws.root))
         proposals = agent.propose(evidence, self.repo.sources("main"), skills)
-        proposals = proposals[: self.config.coevolve.max_proposals]
+        proposals = breadth_first(proposals)[: self.config.coevolve.max_proposals]
         existing = set(self.repo.candidates())
         for p in proposals:
             branch = f"candidate/{state.round}-{p.slug}"
@@ -267,6 +267,18 @@ class Coevolution:
             targets="diagnostics",
             expected=f"alert when verified failures earn training reward, as under {pending.branch}")
         self.repo.promote(cand.branch, "diagnostics revision after a live contradiction")
+
+
+def breadth_first(proposals: list) -> list:
+    """Every skill's first grid point before any skill's second: a cap on proposals should
+    cut depth (more parameter values of one idea), not breadth (other ideas)."""
+    rank: dict = {}
+    keyed = []
+    for i, p in enumerate(proposals):
+        key = p.skill or p.slug
+        rank[key] = rank.get(key, -1) + 1
+        keyed.append((rank[key], i, p))
+    return [p for _, _, p in sorted(keyed, key=lambda t: (t[0], t[1]))]
 
 
 def _gain(report: dict) -> float | None:

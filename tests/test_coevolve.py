@@ -1,0 +1,169 @@
+"""The outer loop's own decisions, on real git repos and a real SQLite store: promotion through
+the gate, --approve saying no, verification that reverts a regression, and kill-and-resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from evotrainer.api import Outcome, Rollout
+from evotrainer.coevolve import Coevolution, RunState
+from evotrainer.coevolve.loop import FAILURE_PROBE
+from evotrainer.coevolve.state import Pending
+from evotrainer.config import load_config
+from evotrainer.harness.repo import HarnessRepo
+from evotrainer.paths import CONFIGS_DIR
+from evotrainer.skills import SkillLibrary
+from evotrainer.store import Store, StoredRollout
+
+TINY = CONFIGS_DIR / "math-tiny.yaml"
+
+
+def _rollout(i: int, group: str, text: str, success: bool, truncated: bool = False) -> Rollout:
+    kind = "ok" if success else ("truncated" if truncated else "wrong")
+    return Rollout(f"r{i:04d}", f"t-{group}", group, "math", "What is 2 + 2?", text, (),
+                   Outcome(success, float(success), kind, ()), 12, truncated, {"level": 0})
+
+
+def seed_round(workdir: Path, run: str = "tiny") -> tuple[Store, int, int]:
+    """Round 0 of `run` with 6 all-failing groups (well-formed and truncated answers mixed) and
+    2 live groups: dead groups the partial-credit skill can rescue without ordering violations."""
+    store = Store.open(workdir)
+    run_id = store.get_or_create_run(run, "math", {})
+    round_id = store.start_round(run_id, 0, "seed", "base")
+    rows, i = [], 0
+    for g in range(8):
+        for j in range(8):
+            success = g >= 6 and j == 0
+            text = "Answer: 4" if success else ("Answer: 5" if j % 2 else "Let me think about this for a")
+            r = _rollout(i, f"g{g}", text, success, truncated=not success and j % 2 == 0)
+            rows.append(StoredRollout(r, {"correct": float(success)}, float(success), 0.0, True, "base", 0,
+                                      "seed", run_id, round_id, 0))
+            i += 1
+    store.add_rollouts(rows)
+    return store, run_id, round_id
+
+
+@pytest.fixture
+def loop(tmp_path) -> Coevolution:
+    return Coevolution(load_config(TINY), tmp_path)
+
+
+def _state(loop: Coevolution, **kw) -> RunState:
+    state = RunState(run="tiny", domain="math", **kw)
+    state.save(loop.state_path)
+    return state
+
+
+def test_gate_promotes_one_candidate_with_evidence(loop):
+    seed_round(loop.ws.root)
+    state = _state(loop, stage="diagnose")
+    loop.stage_diagnose(state)
+    assert loop.report.get("dead_group_ratio").level == "critical"
+    loop.stage_propose(state)
+    assert any(c.skill == "partial-credit-format" for c in state.candidates)
+    loop.stage_backtest(state)
+    for c in state.candidates:  # every proposal has a report, rejected ones included
+        assert (loop.ws.backtests / f"{c.backtest}.json").is_file() and c.decision in ("promote", "reject")
+    loop.stage_promote(state)
+    assert state.pending is not None and state.pending.round == 0
+    log = loop.repo.log(first_parent=True)
+    assert log[0].subject.startswith("Promote") and log[0].trailers.get("Backtest") == state.pending.backtest
+    assert len([c for c in log if c.subject.startswith("Promote")]) == 1  # at most one per round
+
+
+def test_approve_no_keeps_main_unchanged(tmp_path):
+    """--approve: the CLI prompt shows the diff and the backtest, and a typed "n" blocks promotion."""
+    from evotrainer.cli.main import _ask_approval
+
+    loop = Coevolution(load_config(TINY), tmp_path, approve=_ask_approval)
+    seed_round(loop.ws.root)
+    before = loop.repo.resolve("main")
+    state = _state(loop, stage="diagnose")
+    for stage in (loop.stage_diagnose, loop.stage_propose, loop.stage_backtest):
+        stage(state)
+    assert any(c.decision == "promote" for c in state.candidates)
+    with CliRunner().isolation(input="n\n") as streams:
+        loop.stage_promote(state)
+        shown = streams[1].getvalue().decode() + streams[0].getvalue().decode()
+    assert "promote candidate/0-" in shown and "+++ b/" in shown  # the question and the diff
+    assert loop.repo.resolve("main") == before and state.pending is None
+    assert any("rejected by the reviewer" in " ".join(c.reasons) for c in state.candidates)
+
+
+def test_regression_in_verification_round_reverts_and_fails_the_skill(loop):
+    store, run_id, round0 = seed_round(loop.ws.root)
+    skill = "partial-credit-format"
+    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    cand = loop.repo.propose(0, "pcf", rendered, diagnosis="dead groups", targets="dead_group_ratio",
+                             expected="fewer dead groups")
+    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
+    round1 = store.start_round(run_id, 1, merge, "lora-x")
+    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {})
+    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {})  # 0.60 -> 0.30: far beyond noise
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert state.pending is None
+    log = loop.repo.log(first_parent=True)
+    reverts = [c for c in log if "Reverted-Because" in c.trailers]
+    assert reverts and "0.600 -> 0.300" in reverts[0].trailers["Reverted-Because"]
+    assert "partial_format" not in loop.repo.sources("main")["reward.py"]
+    assert SkillLibrary.load(loop.ws.root).get(skill).status == "failed"
+    # Diagnostics were revised: main now carries the probe that would have flagged the change.
+    harness = loop.repo.load("main")
+    assert FAILURE_PROBE in {p.name for p in harness.probes}
+
+
+def test_verification_within_noise_validates_the_skill(loop):
+    store, run_id, round0 = seed_round(loop.ws.root)
+    skill = "partial-credit-format"
+    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.05})
+    cand = loop.repo.propose(0, "pcf", rendered, diagnosis="d", targets="dead_group_ratio", expected="e")
+    merge = loop.repo.promote(cand.branch, "passed")
+    round1 = store.start_round(run_id, 1, merge, "lora-x")
+    store.add_eval(run_id, round0, "heldout", "a0", 0, 128, 60, {})
+    store.add_eval(run_id, round1, "heldout", "a1", 0, 128, 58, {})
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, skill, {"weight": 0.05}, "bt-y", "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    learned = SkillLibrary.load(loop.ws.root).get(skill)
+    assert learned.status == "validated"
+    assert learned.evidence[-1]["commit"] == merge and learned.evidence[-1]["backtest"] == "bt-y"
+    assert (loop.ws.root / "skills" / skill / "skill.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_kill_and_resume_loses_no_rollout(tmp_path, embedded_model_dir):
+    cmd = [sys.executable, "-m", "evotrainer", "coevolve", "--config", str(TINY), "--rounds", "2",
+           "--workdir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state_file = tmp_path / "coevolve.json"
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if state_file.exists() and json.loads(state_file.read_text())["stage"] not in ("train",):
+                break  # round 0 trained; kill somewhere in the outer-loop stages
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with Store.open(tmp_path) as s:
+        before = s.count_rollouts()
+    assert before > 0
+    done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = RunState.load(state_file)
+    assert state.round == 2 and [h["round"] for h in state.history] == [0, 1]
+    with Store.open(tmp_path) as s:
+        assert s.count_rollouts() >= before
+        ids_round0 = {r.rollout.id for r in s.iter_rollouts(round_index=0)}
+    assert len(ids_round0) >= before
