@@ -42,6 +42,8 @@ class TrainConfig(_Strict):
     seed: int = 0
     report_to: list[str] = Field(default_factory=list)  # e.g. ["tensorboard"]
     logging_steps: int = Field(1, ge=1)
+    # TRL turns it on by default; on a CPU with a small model it only costs time.
+    gradient_checkpointing: bool = False
 
 
 class EvalConfig(_Strict):

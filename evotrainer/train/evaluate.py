@@ -39,6 +39,12 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     tokenizer.padding_side = "left"
     was_training = model.training
     model.eval()
+    # A model fresh from the trainer may have gradient checkpointing on, which turns the KV
+    # cache off: generation then recomputes the whole prefix for every new token.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    checkpointing = getattr(base, "is_gradient_checkpointing", False)
+    if checkpointing:
+        base.gradient_checkpointing_disable()
     out: list[tuple[str, bool, int]] = []
     try:
         for start in range(0, len(prompts), batch_size):
@@ -46,7 +52,7 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
             enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id)
+                                     use_cache=True, pad_token_id=tokenizer.pad_token_id)
             for row in ids[:, enc["input_ids"].shape[1]:].tolist():
                 end = next((i for i, t in enumerate(row) if t in eos_ids), None)
                 body = row if end is None else row[:end]
@@ -57,6 +63,8 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
+        if checkpointing:
+            base.gradient_checkpointing_enable()
     return out
 
 

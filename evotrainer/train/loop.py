@@ -133,6 +133,7 @@ def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
         learning_rate=float(g["learning_rate"]), lr_scheduler_type="constant", warmup_steps=0,
         logging_steps=t.logging_steps, save_strategy="no", report_to=t.report_to or "none",
         use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
+        gradient_checkpointing=t.gradient_checkpointing,
         mask_truncated_completions=bool(g.get("mask_truncated_completions", False)),
     )
 
