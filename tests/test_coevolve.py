@@ -4,6 +4,7 @@ the gate, --approve saying no, verification that reverts a regression, and kill-
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from evotrainer.coevolve.loop import FAILURE_PROBE
 from evotrainer.coevolve.state import Pending
 from evotrainer.config import load_config
 from evotrainer.harness.repo import HarnessRepo
-from evotrainer.paths import CONFIGS_DIR
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.skills import SkillLibrary
 from evotrainer.store import Store, StoredRollout
 
@@ -52,9 +53,19 @@ def seed_round(workdir: Path, run: str = "tiny") -> tuple[Store, int, int]:
     return store, run_id, round_id
 
 
+def plain_config(tmp_path: Path):
+    """The tiny config over a correctness-only seed (the math seed with its format weight at 0),
+    so that seed_round's dead groups are dead and partial credit can rescue them."""
+    plain = tmp_path / "plain-seed"
+    shutil.copytree(HARNESSES_DIR / "math", plain)
+    yaml_file = plain / "harness.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("format: 0.1", "format: 0.0"))
+    return load_config(TINY, [f"harness={plain}"])
+
+
 @pytest.fixture
 def loop(tmp_path) -> Coevolution:
-    return Coevolution(load_config(TINY), tmp_path)
+    return Coevolution(plain_config(tmp_path), tmp_path / "work")
 
 
 def _state(loop: Coevolution, **kw) -> RunState:
@@ -84,7 +95,7 @@ def test_approve_no_keeps_main_unchanged(tmp_path):
     """--approve: the CLI prompt shows the diff and the backtest, and a typed "n" blocks promotion."""
     from evotrainer.cli.main import _ask_approval
 
-    loop = Coevolution(load_config(TINY), tmp_path, approve=_ask_approval)
+    loop = Coevolution(plain_config(tmp_path), tmp_path / "work", approve=_ask_approval)
     seed_round(loop.ws.root)
     before = loop.repo.resolve("main")
     state = _state(loop, stage="diagnose")

@@ -34,7 +34,8 @@ def batch() -> list[Rollout]:
     for g in range(6):
         for i in range(4):
             cut = i == 0  # 6 truncated rollouts, all in dead groups
-            out.append(roll(f"d{g}-{i}", f"dead{g}", "truncated" if cut else "wrong", truncated=cut,
+            # A cut-off answer can still be read (kind "wrong"): the seed pays it like the rest.
+            out.append(roll(f"d{g}-{i}", f"dead{g}", "wrong", truncated=cut,
                             tokens=32 if cut else 10))
     for g in range(4):
         out.append(roll(f"l{g}-0", f"live{g}", "ok", marker=True))

@@ -59,7 +59,9 @@ def test_seed_harness_loads_and_rewards():
     assert right == {"correct": 1.0, "format": 1.0}
     assert harness.training_reward(right) == pytest.approx(1.1)
     wrong = harness.reward(rollout(success=False, kind="wrong", flags=()))
-    assert wrong == {"correct": 0.0, "format": 0.0} and harness.training_reward(wrong) == 0.0
+    assert wrong == {"correct": 0.0, "format": 1.0} and harness.training_reward(wrong) == pytest.approx(0.1)
+    cut = harness.reward(rollout(success=False, kind="truncated", flags=(), truncated=True))
+    assert cut == {"correct": 0.0, "format": 0.0} and harness.training_reward(cut) == 0.0
     assert harness.training_reward({"correct": 1.0, "unweighted": 0.5}) == 1.5
 
     assert harness.keep_rollout(rollout()) is True

@@ -15,7 +15,11 @@ from evotrainer.propose.rules import RulesAgent, proposal_slug
 from evotrainer.skills import SkillLibrary, save_learned
 from evotrainer.workspace import ensure_workspace
 
+# The seed with its `format` weight at 0: a correctness-only base, the plainest harness a skill
+# can be applied to (the shipped seed already pays a clean finish, which partial credit extends).
 MATH = read_sources(HARNESSES_DIR / "math")
+MATH["harness.yaml"] = MATH["harness.yaml"].replace("format: 0.1", "format: 0.0")
+assert "format: 0.0" in MATH["harness.yaml"]
 
 
 def roll(rid: str, group: str, kind: str = "wrong", text: str = "I think 7", truncated: bool = False) -> Rollout:
@@ -134,7 +138,11 @@ def test_partial_credit_backtest_rescues_dead_groups_without_ordering_violations
     from evotrainer.backtest import backtest
     from evotrainer.store import Store, StoredRollout
 
-    ws = ensure_workspace(tmp_path / "w", "math")
+    plain = tmp_path / "plain"  # a correctness-only base: the seed's format weight at 0
+    plain.mkdir()
+    for name, text in MATH.items():
+        (plain / name).write_text(text)
+    ws = ensure_workspace(tmp_path / "w", "math", seed=plain)
     rows = []
     for g in range(6):  # dead under the seed: no answer marker, all wrong; half end in a number
         rows += [roll(f"d{g}{i}", f"dead{g}", *(("wrong", "so the result is 7") if i % 2 else ("format_error", "hmm")))

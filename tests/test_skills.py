@@ -16,6 +16,10 @@ from evotrainer.paths import HARNESSES_DIR, SKILLS_DIR
 from evotrainer.skills import SkillError, SkillLibrary, parse_skill, save_learned, set_yaml_key
 
 MATH = read_sources(HARNESSES_DIR / "math")
+# The seed with its `format` weight at 0: a correctness-only base. The shipped seed already pays
+# a clean finish, which is what partial credit adds, so partial credit is tested on this base.
+PLAIN = {**MATH, "harness.yaml": MATH["harness.yaml"].replace("format: 0.1", "format: 0.0")}
+assert "format: 0.0" in PLAIN["harness.yaml"]
 LIB = SkillLibrary.load(None)
 ENV = {"COLUMNS": "200", "EVOTRAINER_WORKDIR": None}
 REQUIRED = {"partial-credit-format", "zero-variance-group-filter", "mask-truncated", "overlong-penalty",
@@ -31,8 +35,9 @@ def roll(kind: str = "wrong", text: str = "Answer: 3", *, marker: bool | None = 
                    tokens, truncated, meta or {})
 
 
-def harness_with(name: str, **params) -> Harness:
-    return Harness({**MATH, **LIB.get(name).render(MATH, params)}, Path("x"))
+def harness_with(name: str, base: dict | None = None, **params) -> Harness:
+    base = base or MATH
+    return Harness({**base, **LIB.get(name).render(base, params)}, Path("x"))
 
 
 def score(h: Harness, r: Rollout) -> float:
@@ -114,8 +119,8 @@ def test_render_errors_name_the_skill() -> None:
 
 
 def test_partial_credit_rescues_dead_groups_without_ordering_violations() -> None:
-    seed = Harness(MATH, Path("seed"))
-    h = harness_with("partial-credit-format", weight=0.1)
+    seed = Harness(PLAIN, Path("seed"))
+    h = harness_with("partial-credit-format", base=PLAIN, weight=0.1)
     # An all-failing group without answer markers is dead under the seed...
     group = [roll(text="so the result is 7", rid="a"), roll("format_error", "no idea", rid="b"),
              roll("truncated", "let me think about 7 and", truncated=True, tokens=32, rid="c"),
@@ -188,7 +193,7 @@ def test_swe_behaviour_skills() -> None:
     ett = harness_with("edit-then-test", weight=0.15)
     assert ett.reward(_agent("cat calc.py", "sed -i 's/-/+/' calc.py", "python -m pytest -q"))["edit_then_test"] == 1.0
     assert ett.reward(_agent("pytest", "sed -i 's/-/+/' calc.py"))["edit_then_test"] == 0.0
-    both = {**MATH}
+    both = {**PLAIN}  # the math seed's clean-finish bonus would add 0.1 to every failure here
     for name, params in (("search-before-edit", {"weight": 0.1}), ("edit-then-test", {"weight": 0.15})):
         both.update(LIB.get(name).render(both, params))
     h = Harness(both, Path("x"))

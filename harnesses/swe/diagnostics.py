@@ -263,7 +263,7 @@ PROBES = [
     _probe("echo_trap_rate", "behaviour", echo_trap_rate, 0.05, 0.2, "above"),
     _probe("abandonment_rate", "behaviour", abandonment_rate, 0.2, 0.4, "above"),
     _probe("error_streak_rate", "behaviour", error_streak_rate, 0.2, 0.4, "above"),
-    _probe("mean_tokens", "efficiency", mean_tokens, 120.0, 150.0, "above"),
+    _probe("mean_tokens", "efficiency", mean_tokens, 100.0, 120.0, "above"),
     _probe("mean_turns", "efficiency", mean_turns, 8.0, 5.0, "below"),
     _probe("truncation_rate", "efficiency", truncation_rate, 0.1, 0.3, "above"),
     _probe("timeout_rate", "efficiency", timeout_rate, 0.05, 0.2, "above"),
