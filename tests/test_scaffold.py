@@ -96,6 +96,9 @@ def test_apply_edit_fuzzy_whitespace_and_indentation():
     assert apply_edit(src, Edit("f.py", "    x = 1\n", "    x = 2\n")) == "def f():\n    x = 2\n    return x\n"
     assert apply_edit(src, Edit("f.py", "x = 1\nreturn x\n", "x = 3\nreturn x + 1\n")) == \
         "def f():\n    x = 3\n    return x + 1\n"
+    twice = "a = 1\nb = 2\na = 1\n"
+    assert apply_edit(twice, Edit("f.py", "a = 1\n", "a = 9\n")) == "a = 9\nb = 2\na = 1\n"
+    assert apply_edit(twice, Edit("f.py", "a = 1\n", "a = 9\n"), near=3) == "a = 1\nb = 2\na = 9\n"
     with pytest.raises(EditApplyError) as err:
         apply_edit(src, Edit("f.py", "y = 1\n", "y = 2\n"))
     assert err.value.reason == "search_not_found"

@@ -223,3 +223,24 @@ def test_import_validates_and_rewrites_repo_paths(synthesized, tmp_path):
     bad.write_text(json.dumps({**records[0], "FAIL_TO_PASS": []}) + "\n")
     with pytest.raises(ValueError, match="FAIL_TO_PASS"):
         import_tasks(bad, tmp_path / "x.jsonl")
+
+
+def test_tasks_cli_synth_list_and_import(tiny_repo, tmp_path):
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.tasks import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli" / "tasks.jsonl"
+    result = runner.invoke(app, ["synth", "--repo", str(tiny_repo), "--out", str(out), "--n", "1", "--seed", "3",
+                                 "--snapshot", str(tmp_path / "cli" / "repos"), "--levels", "1"])
+    assert result.exit_code == 0, result.output
+    (task,) = load_tasks(out)
+    assert task.level == 1 and task.instance_id.startswith("calc-repo-")
+    listed = runner.invoke(app, ["list", str(out)])
+    assert listed.exit_code == 0 and task.instance_id in listed.output
+    imported = runner.invoke(app, ["import", str(out), "--out", str(tmp_path / "cli" / "copy.jsonl")])
+    assert imported.exit_code == 0, imported.output
+    assert load_tasks(tmp_path / "cli" / "copy.jsonl")[0].repo.startswith("repos/")
+    bad = runner.invoke(app, ["synth", "--repo", str(tiny_repo), "--out", str(out), "--levels", "5"])
+    assert bad.exit_code != 0

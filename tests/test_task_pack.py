@@ -90,6 +90,27 @@ def test_domain_splits_and_prompts(pack):
         assert edit_prompt(swe)[0] == t.prompt
 
 
+def gold_as_edit_blocks(task) -> str:
+    """The gold patch written the way the edit scaffold asks a model to answer."""
+    from evotrainer.grade import parse_patch
+
+    blocks = []
+    for fp in parse_patch(task.patch):
+        for hunk in fp.hunks:
+            old = "".join(ln[1:] + "\n" for ln in hunk.lines if ln[:1] in " -")
+            new = "".join(ln[1:] + "\n" for ln in hunk.lines if ln[:1] in " +")
+            blocks.append(f"{fp.old_path}\n<<<<<<< SEARCH\n{old}=======\n{new}>>>>>>> REPLACE\n")
+    return "Here is the fix.\n\n" + "\n".join(blocks)
+
+
+def test_gold_written_as_edit_blocks_resolves_through_the_domain(pack):
+    domain = SweDomain(source="pack")
+    tasks = domain.tasks("train", 100, 0) + domain.tasks("heldout", 100, 0)
+    for t in tasks[:: max(1, len(tasks) // 3)][:3]:
+        outcome = domain.check(t, gold_as_edit_blocks(domain.swe_task(t)), truncated=False)
+        assert outcome.success and "format_ok" in outcome.flags, (t.task_id, outcome)
+
+
 def _noop(task) -> str:
     (path, text), = repos.buggy_files(task).items()
     return make_patch({path: (text, text + "# touched\n")})
@@ -123,4 +144,15 @@ def test_gold_resolves_and_empty_does_not_all(pack, grader):
             _check(t, grader)
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_gold_written_as_edit_blocks_resolves_all(pack):
+    domain = SweDomain(source="pack")
+    failures = []
+    for t in domain.tasks("train", 100, 0) + domain.tasks("heldout", 100, 0):
+        outcome = domain.check(t, gold_as_edit_blocks(domain.swe_task(t)), truncated=False)
+        if not outcome.success:
+            failures.append(f"{t.task_id}: {outcome}")
     assert not failures, "\n".join(failures)

@@ -27,7 +27,7 @@ console = Console(stderr=True)
 WorkdirOpt = typer.Option(
     None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
     "Default: $EVOTRAINER_WORKDIR or ./evotrainer-work.")
-DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math.")
+DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math, code or swe.")
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/<domain>.yaml).")
 OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
 
@@ -51,6 +51,7 @@ def _register_subapps() -> None:
     from evotrainer.cli.harness import app as harness_app
     from evotrainer.cli.rollouts import app as rollouts_app
     from evotrainer.cli.skills import app as skills_app
+    from evotrainer.cli.tasks import app as tasks_app
 
     app.add_typer(rollouts_app, name="rollouts")
     app.add_typer(harness_app, name="harness")
@@ -59,6 +60,7 @@ def _register_subapps() -> None:
     app.command("diagnose")(diagnose_cmd)
     app.command("grade")(grade_cmd)
     app.add_typer(skills_app, name="skills")
+    app.add_typer(tasks_app, name="tasks")
 
 
 @app.command()

@@ -157,7 +157,7 @@ class Coevolution:
             state.save(self.state_path)
             colour = "green" if c.decision == "promote" else "red"
             self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] ({report['id']}) "
-                               f"{c.reasons[0] if c.reasons else ''}")
+                               f"{_decisive(c.reasons)}")
 
     def stage_promote(self, state: RunState) -> None:
         passing = sorted((c for c in state.candidates if c.decision == "promote"),
@@ -226,7 +226,7 @@ class Coevolution:
             colour = "green" if c["decision"] == "promote" else "red"
             table.add_row(c["branch"], c["backtest"] or "", f"[{colour}]{c['decision']}[/]",
                           f"{c['gain']:+.3f}" if c["gain"] is not None else "",
-                          (c["reasons"] or [""])[0][:60])
+                          _decisive(c["reasons"])[:60])
         self.console.print(table)
         hs = s["heldout_success"]
         self.console.print(f"held-out success {hs:.3f}" if hs is not None else "held-out success n/a",
@@ -267,6 +267,15 @@ class Coevolution:
             targets="diagnostics",
             expected=f"alert when verified failures earn training reward, as under {pending.branch}")
         self.repo.promote(cand.branch, "diagnostics revision after a live contradiction")
+
+
+def _decisive(reasons: list[str]) -> str:
+    """The reason worth a table cell: the reviewer's word or the target check, not the fault check."""
+    for key in ("reviewer", "target", "safety", "failed"):
+        for r in reasons:
+            if key in r:
+                return r
+    return reasons[0] if reasons else ""
 
 
 def breadth_first(proposals: list) -> list:

@@ -26,12 +26,12 @@ from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
 from evotrainer.grade import GradeResult, SweTask, is_test_path, load_tasks, parse_patch
 from evotrainer.grade import grade as grade_patch
+from evotrainer.scaffold import SCAFFOLDS
 from evotrainer.scaffold.edit import EditApplyError, EditFormatError, edits_to_patch, parse_edits, safe_path
 from evotrainer.tasks import PACK_DIR, pack_files, repos
 
 DOMAIN = "swe"
 LEVELS = (0, 1, 2)
-SCAFFOLDS = ("edit", "agent")
 _TEMPLATES = Path(__file__).resolve().parent.parent / "scaffold" / "templates"
 
 
@@ -154,8 +154,10 @@ def grade_outcome(task: SweTask, patch: str, timeout_s: float, extra_flags: Iter
 
 
 def check_edit(task: SweTask, completion: str, truncated: bool, path: str | None,
-               timeout_s: float = 60.0) -> Outcome:
-    """The verified outcome of one edit-scaffold completion. Never raises."""
+               timeout_s: float = 60.0, near: int | None = None) -> Outcome:
+    """The verified outcome of one edit-scaffold completion. Never raises. `path`: the file the
+    prompt showed (for blocks without a path line); `near`: a line of the excerpt shown there
+    (where a SEARCH text that occurs several times is taken)."""
     try:
         if not isinstance(completion, str) or not completion.strip():
             return Outcome(False, 0.0, "empty")
@@ -164,7 +166,8 @@ def check_edit(task: SweTask, completion: str, truncated: bool, path: str | None
         except EditFormatError:
             return Outcome(False, 0.0, "truncated" if truncated else "format_error")
         try:
-            patch = edits_to_patch(lambda rel: repos.read_buggy(task, rel) if safe_path(rel) else None, edits)
+            patch = edits_to_patch(lambda rel: repos.read_buggy(task, rel) if safe_path(rel) else None, edits,
+                                   {path: near} if path and near else None)
         except EditApplyError as exc:
             flags = ("format_ok", exc.reason) + (("tampering",) if exc.reason == "unsafe_path" else ())
             return Outcome(False, 0.0, "patch_failed", flags)
@@ -238,4 +241,6 @@ class SweDomain:
                 return grade_outcome(swe, completion, self.grade_timeout_s)
             except Exception:  # noqa: BLE001
                 return Outcome(False, 0.0, "error", ("checker_error",))
-        return check_edit(swe, completion, truncated, task.meta.get("path"), self.grade_timeout_s)
+        meta = task.meta
+        near = (meta["start"] + meta["end"]) // 2 if "start" in meta and "end" in meta else None
+        return check_edit(swe, completion, truncated, meta.get("path"), self.grade_timeout_s, near)

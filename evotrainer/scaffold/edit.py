@@ -121,10 +121,21 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
-def apply_edit(content: str, edit: Edit) -> str:
-    """`content` with the edit's SEARCH text replaced (first exact match, else a unique fuzzy one)."""
+def _occurrences(content: str, text: str) -> list[int]:
+    found, i = [], content.find(text)
+    while i != -1:
+        found.append(i)
+        i = content.find(text, i + 1)
+    return found
+
+
+def apply_edit(content: str, edit: Edit, near: int | None = None) -> str:
+    """`content` with the edit's SEARCH text replaced: an exact match (the one closest to line
+    `near` when there are several, else the first), else a unique fuzzy one."""
     if edit.search and edit.search in content:
-        return content.replace(edit.search, edit.replace, 1)
+        starts = _occurrences(content, edit.search)
+        at = starts[0] if near is None else min(starts, key=lambda i: abs(content.count("\n", 0, i) + 1 - near))
+        return content[:at] + edit.replace + content[at + len(edit.search):]
     if not edit.search.strip():
         raise EditApplyError(f"{edit.path}: empty SEARCH on an existing file", "empty_search")
     lines = content.splitlines(keepends=True)
@@ -153,9 +164,10 @@ def apply_edit(content: str, edit: Edit) -> str:
     raise EditApplyError(f"{edit.path}: SEARCH text not found in the file")
 
 
-def apply_edits(read: Mapping[str, str] | Callable[[str], str | None], edits: Sequence[Edit]
-                ) -> dict[str, tuple[str | None, str]]:
-    """{path: (before or None, after)} of every file the edits change, applied in order."""
+def apply_edits(read: Mapping[str, str] | Callable[[str], str | None], edits: Sequence[Edit],
+                near: Mapping[str, int] | None = None) -> dict[str, tuple[str | None, str]]:
+    """{path: (before or None, after)} of every file the edits change, applied in order. `near`:
+    {path: line} to prefer among several exact matches (the lines the prompt showed)."""
     reader = read.get if isinstance(read, Mapping) else read
     files: dict[str, tuple[str | None, str]] = {}
     for edit in edits:
@@ -171,13 +183,14 @@ def apply_edits(read: Mapping[str, str] | Callable[[str], str | None], edits: Se
                 raise EditApplyError(f"{edit.path}: no such file", "missing_file")
             files[edit.path] = (None, edit.replace)  # an empty SEARCH creates a new file
             continue
-        files[edit.path] = (before, apply_edit(current, edit))
+        files[edit.path] = (before, apply_edit(current, edit, (near or {}).get(edit.path)))
     return {p: ba for p, ba in files.items() if ba[0] != ba[1]}
 
 
-def edits_to_patch(repo_files: Mapping[str, str] | Callable[[str], str | None], edits: Sequence[Edit]) -> str:
+def edits_to_patch(repo_files: Mapping[str, str] | Callable[[str], str | None], edits: Sequence[Edit],
+                   near: Mapping[str, int] | None = None) -> str:
     """A git-style unified diff of what the edits change ('' when they change nothing)."""
-    changed = apply_edits(repo_files, edits)
+    changed = apply_edits(repo_files, edits, near)
     return make_patch({p: changed[p] for p in sorted(changed)}) if changed else ""
 
 
