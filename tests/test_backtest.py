@@ -20,7 +20,8 @@ from evotrainer.backtest.engine import HarnessVersion
 from evotrainer.backtest.gate import target_from_trailer
 from evotrainer.config import GateConfig, load_config
 from evotrainer.harness.repo import HarnessRepo
-from evotrainer.paths import CONFIGS_DIR
+from evotrainer.harness.loader import read_sources
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.store import Store, StoredRollout
 from evotrainer.workspace import ensure_workspace
 
@@ -40,7 +41,7 @@ def rollout(gid: str, k: int, kind: str, tokens: int, marker: bool | None = None
 
 
 def gate_groups(**train) -> list[StoredRollout]:
-    """16 groups of 8. Under the seed reward (correct + 0.1 * answer marker) 10 are dead: the six
+    """16 groups of 8. Under BASE_REWARD (correct + 0.1 * answer marker) 10 are dead: the six
     all-failure groups mixing unmarked wrong answers and format errors, two hopeless, two solved."""
     rows = []
     for g in range(6):  # mixed: short marked successes, long failures
@@ -55,7 +56,7 @@ def gate_groups(**train) -> list[StoredRollout]:
     return rows
 
 
-SEED_REWARD_HEAD = '''"""Reward components for math."""
+SEED_REWARD_HEAD = '''"""Reward components for math: correctness plus a small bonus for the answer marker."""
 
 from evotrainer.api import Rollout
 
@@ -65,6 +66,8 @@ def reward(rollout: Rollout) -> dict[str, float]:
         "correct": 1.0 if rollout.outcome.success else 0.0,
         "format": 1.0 if "answer_marker" in rollout.outcome.flags else 0.0,
 '''
+# The base these tests reason about; pinned here, so the shipped seed can change without them.
+BASE_REWARD = SEED_REWARD_HEAD + "    }\n"
 LENGTH_BONUS = SEED_REWARD_HEAD + '''        "length": 0.05 * rollout.num_tokens,
     }
 '''
@@ -73,10 +76,23 @@ PARTIAL_CREDIT = SEED_REWARD_HEAD + '''        "partial": 0.3 if rollout.outcome
 '''
 
 
+def base_sources() -> dict[str, str]:
+    return {**read_sources(HARNESSES_DIR / "math"), "reward.py": BASE_REWARD}
+
+
+def workspace(root: Path):
+    """A real workspace whose main is the package's math seed with BASE_REWARD."""
+    seed = root.parent / f"{root.name}-seed"
+    seed.mkdir(parents=True)
+    for name, text in base_sources().items():
+        (seed / name).write_text(text)
+    return ensure_workspace(root, "math", seed=seed)
+
+
 @pytest.fixture
 def ws(tmp_path: Path):
-    """A real workspace (git harness repo seeded from the package) with a run of two rounds."""
-    ws = ensure_workspace(tmp_path / "work", "math")
+    """A real workspace (git harness repo) with a run of two rounds of gate_groups()."""
+    ws = workspace(tmp_path / "work")
     with Store.open(ws.root) as store:
         run = store.get_or_create_run("default", "math", {})
         rounds = [store.start_round(run, i, "seed", "base") for i in range(2)]
@@ -185,7 +201,7 @@ def test_jsonl_import_into_fresh_workspace_gives_the_same_numbers(ws, tmp_path: 
     out = cli.invoke(app, ["rollouts", "export", str(dump), "--run", "default", "--round", "0",
                            "--workdir", str(ws.root)])
     assert out.exit_code == 0, out.output
-    fresh = ensure_workspace(tmp_path / "fresh", "math")
+    fresh = workspace(tmp_path / "fresh")
     out = cli.invoke(app, ["rollouts", "import", str(dump), "--workdir", str(fresh.root)])
     assert out.exit_code == 0, out.output
     with Store.open(fresh.root) as store:
@@ -205,7 +221,7 @@ def test_metrics_match_hand_computation(tmp_path: Path):
             *[rollout("b", k, "wrong", 5, marker=False) for k in (1, 2, 3)]]
     with Store.open(tmp_path) as store:
         store.add_rollouts(rows)
-        seed = HarnessRepo(ensure_workspace(tmp_path / "w", "math").harnesses).sources()
+        seed = base_sources()
         cand = {**seed,
                 "reward.py": "def reward(r):\n    return {'length': r.num_tokens / 10}\n",
                 "filters.py": "def keep_rollout(r):\n    return r.num_tokens <= 25\n"
@@ -261,7 +277,7 @@ def test_selectors_parse_round_trip_and_pick_the_right_rollouts(ws, tmp_path: Pa
 
 def test_scattered_groups_workers_and_chunk_sizes_do_not_change_the_numbers(tmp_path: Path):
     rows = gate_groups()
-    seed = HarnessRepo(ensure_workspace(tmp_path / "w", "math").harnesses).sources()
+    seed = base_sources()
     cand = {**seed, "reward.py": LENGTH_BONUS}
     results = []
     for name, order in (("contiguous", rows), ("interleaved", rows[::2] + rows[1::2])):

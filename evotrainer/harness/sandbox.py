@@ -1,7 +1,7 @@
 """Run untrusted harness code in guarded worker processes: any harness fault becomes a CandidateFailure.
 
-A candidate harness is code an LLM may have written. It runs only in worker processes started
-with the "spawn" context, never in the process that drives a run. Inside a worker, before any
+A candidate harness is code an LLM may have written. It runs only in worker processes (forked
+from a clean "forkserver" process), never in the process that drives a run. Inside a worker, before any
 harness file is executed:
 
 - an audit hook (`sys.addaudithook`, which cannot be removed) refuses processes (`subprocess`,
@@ -478,15 +478,30 @@ class _Worker:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+_preloaded = False
+
+
+def _context(job: WorkerJob) -> Any:
+    """The "forkserver" context: a clean server process (a fresh interpreter, never a fork of
+    this one, never running harness code) imports our worker modules once, and every worker is
+    forked from it in milliseconds instead of importing them again (~0.4 s each)."""
+    global _preloaded
+    ctx = multiprocessing.get_context("forkserver")
+    if not _preloaded:  # only matters before the server starts, which the first worker does
+        ctx.set_forkserver_preload([__name__, type(job).__module__])
+        _preloaded = True
+    return ctx
+
+
 _WORKER_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1"}
 
 
 @contextmanager
 def _worker_env() -> Iterator[None]:
-    """What a spawned worker inherits: fixed str hashing, so `hash()` and set order (and so a
-    harness's results) are the same in every worker and every replay; one BLAS thread per worker.
-    Restored in the parent as soon as the worker has started."""
+    """What the fork server (started with the first worker) and so every worker inherits: fixed
+    str hashing, so `hash()` and set order (and so a harness's results) are the same in every
+    worker and every replay; one BLAS thread per worker. Restored in the parent right after."""
     saved = {k: os.environ.get(k) for k in _WORKER_ENV}
     os.environ.update(_WORKER_ENV)
     try:
@@ -521,7 +536,7 @@ class SandboxPool:
         self.versions: dict[str, str] = {}
 
     def __enter__(self) -> "SandboxPool":
-        ctx = multiprocessing.get_context("spawn")
+        ctx = _context(self.job)
         try:
             for _ in range(self.size):
                 tmpdir = tempfile.mkdtemp(prefix="evotrainer-sandbox-")
