@@ -211,7 +211,7 @@ def test_git_log_p_reads_well(ws, repo):
         assert all(len(line) <= 80 for line in lines), message
     candidate = git_out(ws.harnesses, "log", "-1", "--format=%B", cand.branch)
     assert candidate.startswith("Partial credit (round 2)\n\n")
-    assert "Changes reward.py (+2 -1)." in candidate
+    assert re.search(r"Changes reward\.py \(\+\d+ -\d+\)\.", candidate), candidate
     assert "\nDiagnosis: 62% of groups" in candidate and "\nBacktest: bt-0001\n" in candidate
     assert "+        \"partial\": 0.5" in text  # the diff itself is in `git log -p`
 

@@ -212,7 +212,10 @@ def test_hidden_paths(tmp_path):
         pytest.skip("no mount namespace on this machine")
     secret_dir = Path.cwd() / "tests"  # a host folder the sandbox could otherwise read
     result = py(f"import os\nprint(os.listdir({str(secret_dir)!r}))", hide=[secret_dir])
-    assert result.stdout.strip() == "[]"
+    # Hidden shows up as an empty folder, or (when the repo itself sits under /tmp, which the
+    # sandbox replaces with a private one) as no folder at all: either way nothing is listed.
+    assert "test_sandbox_exec.py" not in result.stdout
+    assert result.stdout.strip() == "[]" or "FileNotFoundError" in result.stderr
 
 
 # ---------------------------------------------------------------- executors

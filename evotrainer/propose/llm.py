@@ -53,7 +53,7 @@ class LLMEndpointError(RuntimeError):
 class _LoadOnly:
     """The sandbox job for a load check: entering the pool loads the harness; nothing else runs."""
 
-    def open(self) -> None:
+    def open(self, trusted_io: Any = None) -> None:
         return None
 
     def run(self, state: Any, harnesses: Mapping[str, Any], message: Any) -> None:
