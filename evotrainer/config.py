@@ -59,7 +59,10 @@ class StoreConfig(_Strict):
 class GateConfig(_Strict):
     """The promotion gate: trusted config, never harness code (DESIGN.md, "Gate")."""
 
-    margin: float = Field(0.02, ge=0)  # absolute improvement the targeted metric needs
+    margin: float = Field(0.02, ge=0)  # absolute improvement a targeted ratio metric needs
+    # mean_tokens is a count, not a ratio: an absolute 0.02 tokens would pass any change, so as a
+    # target it needs this relative cut (a share of the base's mean).
+    token_margin: float = Field(0.05, ge=0)
     tolerance: float = Field(0.005, ge=0)  # how much worse a safety metric may get
     time_budget_s: float = Field(600.0, gt=0)  # total time in the candidate's code, all workers
     call_timeout_s: float = Field(5.0, gt=0)  # any single call into harness code

@@ -172,6 +172,21 @@ def test_gate_without_targets_trailer_takes_the_best_default_target():
     assert decide(base, better, GateConfig(margin=0.05)).decision == "reject"
 
 
+def test_gate_judges_mean_tokens_relative_to_the_base():
+    from evotrainer.backtest import decide
+
+    base = {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "proxy_auc": 0.9, "n_rollouts": 8,
+            "ordering_violations": 0.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
+            "mean_tokens": 30.0}
+    # 0.5 tokens fewer clears an absolute 0.02 margin, but is under 2% of the base: not a real cut
+    d = decide(base, {**base, "mean_tokens": 29.5}, GateConfig(), declared_target="mean_tokens")
+    assert d.decision == "reject" and "margin 0.05 of the base" in d.reasons[0]
+    d = decide(base, {**base, "mean_tokens": 27.0}, GateConfig(), declared_target="mean_tokens")
+    assert d.decision == "promote" and d.target == "mean_tokens"
+    assert decide(base, {**base, "mean_tokens": 27.0}, GateConfig(token_margin=0.2),
+                  declared_target="mean_tokens").decision == "reject"
+
+
 def test_replay_reproduces_every_metric_and_the_decision(ws):
     from evotrainer.cli.main import _register_subapps, app
 

@@ -3,7 +3,8 @@
 A candidate is promoted only if (1) both harnesses ran every selected rollout without a fault
 and within the time budget, (2) the metric it targets (its `Targets:` trailer, or else the best
 of DEFAULT_TARGETS) improves by at least `margin`, and (3) no safety metric gets worse by more
-than `tolerance`. Directions come from metrics.LOWER_IS_BETTER.
+than `tolerance`. Directions come from metrics.LOWER_IS_BETTER. Ratio metrics are judged on
+absolute change; `mean_tokens`, a count, on its change relative to the base (`token_margin`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from evotrainer.harness.sandbox import CandidateFailure
 # Float noise must not flip a decision: 0.52 - 0.50 is 0.0200000000000000018, 0.30 - 0.28 is
 # 0.0199999999999999956.
 _SLACK = 1e-12
+# Metrics that are counts, not ratios: judged on change relative to the base.
+RELATIVE_METRICS = frozenset({"mean_tokens"})
 
 
 @dataclass(frozen=True)
@@ -88,22 +91,35 @@ def _target_check(base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateCo
         return Check("target", False, f"the Targets trailer names {declared!r}, not a backtest metric "
                      f"({', '.join(METRICS)})")
     options = [declared] if declared else list(DEFAULT_TARGETS)
-    gains = {n: improvement(n, base[n], cand[n]) for n in options if base[n] is not None and cand[n] is not None}
+    gains = {n: _gain(n, base[n], cand[n]) for n in options if base[n] is not None and cand[n] is not None}
     if not gains:
         return Check("target", False, f"target {options[0]} is undefined on these rollouts")
-    best = max(gains, key=lambda n: gains[n])
+    best = max(gains, key=lambda n: gains[n] - _needed(n, gate))
     arrow = "lower" if LOWER_IS_BETTER[best] else "higher"
-    ok = gains[best] + _SLACK >= gate.margin
-    how = f"improved by {gains[best]:.4g}" if gains[best] > 0 else f"did not improve ({gains[best]:+.4g})"
+    needed = _needed(best, gate)
+    ok = gains[best] + _SLACK >= needed
+    unit = " of the base" if best in RELATIVE_METRICS else ""
+    how = f"improved by {gains[best]:.4g}{unit}" if gains[best] > 0 else f"did not improve ({gains[best]:+.4g})"
     if declared:
-        detail = f"target {best} ({arrow} is better) {how}: {_change(best, base, cand)}, margin {gate.margin:g}"
+        detail = f"target {best} ({arrow} is better) {how}: {_change(best, base, cand)}, margin {needed:g}{unit}"
     elif ok:
         detail = (f"no target declared; {best} ({arrow} is better) {how}: {_change(best, base, cand)}, "
-                  f"margin {gate.margin:g}")
+                  f"margin {needed:g}")
     else:
         detail = (f"no target declared and none of {', '.join(DEFAULT_TARGETS)} improved by the margin "
                   f"{gate.margin:g} (best: {best} {gains[best]:+.4g})")
     return Check(f"target:{best}", ok, detail)
+
+
+def _gain(name: str, base: float, cand: float) -> float:
+    gain = improvement(name, base, cand)
+    if name in RELATIVE_METRICS:
+        return gain / base if base > 0 else 0.0
+    return gain
+
+
+def _needed(name: str, gate: GateConfig) -> float:
+    return gate.token_margin if name in RELATIVE_METRICS else gate.margin
 
 
 def _safety_check(name: str, base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig) -> Check:
