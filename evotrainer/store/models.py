@@ -79,8 +79,8 @@ class RolloutRow(Base):
     )
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    # Insert order, assigned by Store.add_rollouts: the key that iteration pages on, so exports
-    # and listings follow training order whatever the id scheme is.
+    # Insert order, drawn by Store.add_rollouts from the "rollout_seq" counter: the key that
+    # iteration pages on, so exports and listings follow training order whatever the id scheme is.
     seq: Mapped[int] = mapped_column(BigInteger, unique=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     round_id: Mapped[int | None] = mapped_column(ForeignKey("rounds.id"))
@@ -106,6 +106,15 @@ class RolloutRow(Base):
     seed: Mapped[int | None] = mapped_column(BigInteger)
     harness_version: Mapped[str | None] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Counter(Base):
+    """Named counters that several writers draw from, one locked row each (see Store.add_rollouts)."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
 
 
 class Eval(Base):

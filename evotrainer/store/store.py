@@ -7,16 +7,18 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import Select, case, create_engine, event, func, select
+from sqlalchemy import Select, case, create_engine, event, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
-from evotrainer.store.models import Backtest, Base, Eval, RolloutRow, Round, Run, Task, utcnow
+from evotrainer.store.models import Backtest, Base, Counter, Eval, RolloutRow, Round, Run, Task, utcnow
 
 # Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
 _IN_CHUNK = 500
+ROLLOUT_SEQ = "rollout_seq"  # the Counter row that rollout seqs are drawn from
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,23 @@ def _setup_sqlite(engine: Engine) -> None:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
+
+
+def _draw_seqs(s: Session, n: int) -> int:
+    """Reserve n consecutive rollout seqs in this transaction; returns the first.
+
+    Several writers (rollout workers) may add at once. The UPDATE locks the counter row until
+    the transaction ends (SQLite: the database's write lock), so writers take turns: seqs never
+    collide, and one writer's seqs commit before the next writer draws any. Readers therefore
+    never see a seq while a lower one is still uncommitted, which keyset paging on seq and
+    `until_seq` pinning rely on (a plain sequence would hand out numbers that commit out of order).
+    """
+    table = Counter.__table__
+    done = s.execute(update(table).where(table.c.name == ROLLOUT_SEQ).values(value=table.c.value + n))
+    if done.rowcount == 0:  # the counter row was removed: rebuild it from the rows themselves
+        start = s.scalar(select(func.max(RolloutRow.seq))) or 0
+        s.execute(insert(table).values(name=ROLLOUT_SEQ, value=start + n))
+    return s.scalar(select(table.c.value).where(table.c.name == ROLLOUT_SEQ)) - n + 1
 
 
 def _float(value: float | None) -> float | None:
@@ -111,8 +130,32 @@ class Store:
         self.engine = create_engine(url, **kwargs)
         if is_sqlite:
             _setup_sqlite(self.engine)
-        Base.metadata.create_all(self.engine)
+        self._create_schema()
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._ensure_counter()
+
+    def _create_schema(self) -> None:
+        # Several workers may open a new server database at once; PostgreSQL then fails the
+        # losers' CREATE TABLE on its catalog's unique index. The winner's tables are there after.
+        for attempt in range(3):
+            try:
+                Base.metadata.create_all(self.engine)
+                return
+            except DBAPIError:
+                if attempt == 2:
+                    raise
+
+    def _ensure_counter(self) -> None:
+        """Create the rollout seq counter; a store written before it existed starts at max(seq)."""
+        with self._session() as s:
+            if s.get(Counter, ROLLOUT_SEQ) is not None:
+                return
+        try:
+            with self._session.begin() as s:
+                start = s.scalar(select(func.max(RolloutRow.seq))) or 0
+                s.add(Counter(name=ROLLOUT_SEQ, value=start))
+        except IntegrityError:
+            pass  # another process created it first
 
     @classmethod
     def open(cls, workdir: Path, url: str | None = None) -> "Store":
@@ -236,15 +279,11 @@ class Store:
         """
         n = 0
         with self._session.begin() as s:
-            # One writer (the trainer) is assumed: max+1 keeps seq portable across backends.
-            seq = s.scalar(select(func.max(RolloutRow.seq))) or 0
             for batch in _chunks(rows, batch_size):
-                objs = []
-                for sr in batch:
-                    seq += 1
-                    row = _to_row(sr)
-                    row.seq = seq
-                    objs.append(row)
+                objs = [_to_row(sr) for sr in batch]
+                first = _draw_seqs(s, len(objs))
+                for offset, row in enumerate(objs):
+                    row.seq = first + offset
                 s.add_all(objs)
                 s.flush()
                 s.expunge_all()  # keep memory bounded on big imports
