@@ -88,6 +88,33 @@ class CoevolveConfig(_Strict):
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
 
 
+class JudgeRoleConfig(_Strict):
+    """One voting judge role: its instructions (templates/role_<name>.md.j2 in evotrainer/judge,
+    or `template`) and its sampling temperature."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    temperature: float = Field(0.0, ge=0)
+    template: str | None = None
+
+
+def _default_roles() -> list[JudgeRoleConfig]:
+    return [JudgeRoleConfig(name="strict", temperature=0.2), JudgeRoleConfig(name="lenient", temperature=0.8)]
+
+
+class JudgeConfig(_Strict):
+    """LLM judges (trusted config): proxy verdicts stored beside rollouts, never verified outcomes."""
+
+    backend: Literal["openai", "hf"] = "openai"
+    base_url: str | None = None  # openai: else $EVOTRAINER_JUDGE_BASE_URL / $EVOTRAINER_LLM_BASE_URL
+    model: str | None = None  # openai: else $EVOTRAINER_JUDGE_MODEL; hf: "embedded", a path or an id
+    api_key_env: str = "EVOTRAINER_JUDGE_API_KEY"  # the env var that holds the key, never the key
+    timeout_s: float = Field(60.0, gt=0)
+    max_tokens: int = Field(256, ge=1)
+    max_retries: int = Field(2, ge=0)  # malformed replies asked again before the verdict is MISSING
+    roles: list[JudgeRoleConfig] = Field(default_factory=_default_roles, min_length=1)
+    max_chars: int = Field(6000, ge=200)  # rollout text shown to the judge, cut in the middle
+
+
 class Config(_Strict):
     domain: DomainConfig = Field(default_factory=DomainConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -98,6 +125,7 @@ class Config(_Strict):
     store: StoreConfig = Field(default_factory=StoreConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     coevolve: CoevolveConfig = Field(default_factory=CoevolveConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     run_name: str = "default"
 
     @field_validator("policy")

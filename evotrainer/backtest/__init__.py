@@ -68,6 +68,7 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
                               candidate_sha=cand_v.sha, run=run, decision=decision, gate=gate,
                               declared_target=declared)
         report["targets_trailer"] = trailer
+        report["judges"] = _judge_agreement(store, run)
         write_report(ws.backtests, report, store)
     finally:
         if own_store:
@@ -78,6 +79,14 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
         except HarnessRepoError:
             pass  # e.g. already promoted: the report still names the commit it tested
     return report
+
+
+def _judge_agreement(store: Store, run: BacktestRun) -> dict[str, Any]:
+    """Each stored judge's AUC and accuracy against the verified outcomes of the same rollouts
+    (the same for base and candidate: judges score rollouts, not harnesses)."""
+    from evotrainer.judge.agreement import agreement, selection_ids
+
+    return agreement(store, selection_ids(store, run.selection))
 
 
 def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,

@@ -229,6 +229,33 @@ def _auc(counts: dict[float, list[int]]) -> float | None:
     return twice / (2 * total_wins * total_losses)
 
 
+def judge_agreement(votes: Sequence[tuple[str, bool | None, int | None, bool, bool | None]]) -> dict[str, dict[str, Any]]:
+    """Each judge's agreement with the verified outcomes (judges are proxies; these say how good).
+
+    `votes`: (judge, judge success or None when missing, quality or None, verified success,
+    human label or None). Per judge: `n`, `missing_rate`, `auc` (quality against verified
+    success, ties 0.5; None with one class), `accuracy` (judge success = verified success, over
+    valid votes), and `human_n` / `human_accuracy` (against a person's labels, where present)."""
+    out: dict[str, dict[str, Any]] = {}
+    for judge in sorted({v[0] for v in votes}):
+        mine = [v for v in votes if v[0] == judge]
+        valid = [v for v in mine if v[1] is not None]
+        counts: dict[float, list[int]] = {}
+        for _, _, quality, verified, _ in valid:
+            if quality is not None:
+                counts.setdefault(float(quality), [0, 0])[0 if verified else 1] += 1
+        human = [v for v in valid if v[4] is not None]
+        out[judge] = {
+            "n": len(mine),
+            "missing_rate": (len(mine) - len(valid)) / len(mine) if mine else 0.0,
+            "auc": _auc(counts),
+            "accuracy": sum(v[1] == v[3] for v in valid) / len(valid) if valid else None,
+            "human_n": len(human),
+            "human_accuracy": sum(v[1] == v[4] for v in human) / len(human) if human else None,
+        }
+    return out
+
+
 def is_flagged(kind: str, flags: Sequence[str]) -> bool:
     return kind in FLAGGED_KINDS or "tampering" in flags
 
@@ -240,4 +267,4 @@ def improvement(name: str, base: float, candidate: float) -> float:
 
 
 __all__ = ["COUNTS", "DEFAULT_TARGETS", "EPS", "ExactSum", "LOWER_IS_BETTER", "METRICS",
-           "SAFETY_METRICS", "Tally", "group_advantages", "improvement", "is_flagged"]
+           "SAFETY_METRICS", "Tally", "group_advantages", "improvement", "is_flagged", "judge_agreement"]

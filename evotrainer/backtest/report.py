@@ -130,6 +130,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             shown = "" if name in COUNTS else (f"{delta:+.4f}{mark}" if delta is not None else "n/a")
             lines.append(f"| {name}{arrow} | {fmt(base[name])} | {fmt(cand[name])} | {shown} |")
         lines.append("")
+    if report.get("judges"):
+        lines += ["Judges against verified outcomes (proxy signals; same rollouts for both sides):", "",
+                  "| judge | n | missing | AUC | accuracy | human n | human accuracy |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, j in report["judges"].items():
+            lines.append(f"| {name} | {j['n']} | {fmt(j['missing_rate'])} | {fmt(j['auc'])} | "
+                         f"{fmt(j['accuracy'])} | {j['human_n']} | {fmt(j['human_accuracy'])} |")
+        lines.append("")
     t = report["timings"]
     lines.append(f"Time: {t.get('wall_s', 0):.1f} s wall on {t.get('workers', 0)} worker(s); "
                  f"{t.get('base_s', 0):.1f} s in base code, {t.get('candidate_s', 0):.1f} s in candidate code. "

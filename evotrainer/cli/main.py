@@ -59,6 +59,11 @@ def _register_subapps() -> None:
     app.add_typer(backtests_app, name="backtests")
     app.command("diagnose")(diagnose_cmd)
     app.command("grade")(grade_cmd)
+    from evotrainer.cli.judge import judge_cmd
+    from evotrainer.cli.review import review_cmd
+
+    app.command("judge")(judge_cmd)
+    app.command("review")(review_cmd)
     app.add_typer(skills_app, name="skills")
     app.add_typer(tasks_app, name="tasks")
 

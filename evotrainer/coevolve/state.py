@@ -51,6 +51,7 @@ class RunState:
     candidates: list[Candidate] = field(default_factory=list)
     pending: Pending | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one summary per finished round
+    guard: dict[str, Any] | None = None  # this round's held-out guard (coevolve/heldout.py)
 
     @classmethod
     def load(cls, path: Path) -> "RunState | None":

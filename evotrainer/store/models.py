@@ -150,4 +150,45 @@ class Backtest(Base):
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-__all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "Backtest", "utcnow"]
+class JudgeVerdictRow(Base):
+    """One judge role's verdict on one rollout: a proxy signal, never a verified outcome.
+
+    Keyed by (judge model, prompt hash, rollout id), the verdict cache: the same prompt to the
+    same model is never paid for twice. A reply that stayed malformed after the retries is kept
+    with status "missing" and no verdict (and is asked again next time)."""
+
+    __tablename__ = "judge_verdicts"
+    __table_args__ = (UniqueConstraint("judge_model", "prompt_hash", "rollout_id", name="uq_judge_verdict_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(String(128), index=True)
+    judge_model: Mapped[str] = mapped_column(String(256))
+    prompt_hash: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # "rollout" | "steps"
+    status: Mapped[str] = mapped_column(String(16))  # "ok" | "missing"
+    verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JudgeReview(Base):
+    """A rollout the judge roles disagreed on, waiting for (or holding) a person's label."""
+
+    __tablename__ = "judge_reviews"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(String(128), unique=True)
+    reason: Mapped[str] = mapped_column(String(32))  # "disagreement"
+    votes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # "pending" | "labelled" | "skipped"
+    human_success: Mapped[bool | None] = mapped_column(Boolean)
+    human_quality: Mapped[int | None] = mapped_column(Integer)
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    labelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+__all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "Backtest", "JudgeVerdictRow", "JudgeReview",
+           "utcnow"]

@@ -12,13 +12,16 @@ from __future__ import annotations
 import torch
 from trl import GRPOTrainer
 
+from evotrainer.train.credit import Labeller, StepCredit
 from evotrainer.train.recorder import RolloutRecorder
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
-    def __init__(self, *args, recorder: RolloutRecorder, **kwargs):
+    def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
+        # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
+        self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -29,6 +32,10 @@ class HarnessGRPOTrainer(GRPOTrainer):
         keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)
         output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).int()
         output["advantages"] = advantages * keep
+        if self.step_credit.enabled:  # (B,) -> (B, T); TRL's loss takes either shape
+            rollouts = [row.rollout for row in self.recorder.last_batch]
+            output["advantages"] = self.step_credit.advantages(
+                output, rollouts, self.num_generations, self.processing_class.decode) * keep.unsqueeze(1)
         loss_mask = output["completion_mask"]
         if output.get("tool_mask") is not None:
             loss_mask = loss_mask * output["tool_mask"]

@@ -222,6 +222,18 @@ def patch_apply_rate(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "
     return _share(swe, lambda r: r.outcome.kind != "patch_failed")
 
 
+def judge_drift(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "float | None":
+    """Share of judge-labelled rollouts whose judge label (meta["judge"]["success"]) contradicts
+    the verified outcome. Judges are proxies: when this climbs, a reward built on them drifts from
+    what is true. None below 8 labelled rollouts (too few to tell drift from noise)."""
+    verdicts = [r.meta.get("judge") for r in rollouts]
+    labelled = [v.get("success") if hasattr(v, "get") else None for v in verdicts]
+    pairs = [(j, r.outcome.success) for j, r in zip(labelled, rollouts) if isinstance(j, bool)]
+    if len(pairs) < 8:
+        return None
+    return sum(j != ok for j, ok in pairs) / len(pairs)
+
+
 def _probe(name, dimension, fn, warn, critical, direction):
     return {"name": name, "dimension": dimension, "fn": fn, "warn": warn, "critical": critical,
             "direction": direction}
@@ -246,4 +258,5 @@ PROBES = [
     _probe("mean_kl", "model_state", mean_kl, 0.1, 0.5, "above"),
     _probe("tampering_rate", "test_structure", tampering_rate, 0.0, 0.05, "above"),
     _probe("patch_apply_rate", "test_structure", patch_apply_rate, 0.8, 0.5, "below"),
+    _probe("judge_drift", "result", judge_drift, 0.25, 0.4, "above"),
 ]

@@ -247,6 +247,18 @@ def partial_rate(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "floa
                   and ("f2p_partial" in r.outcome.flags or "f2p_all" in r.outcome.flags))
 
 
+def judge_drift(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "float | None":
+    """Share of judge-labelled rollouts whose judge label (meta["judge"]["success"]) contradicts
+    the verified outcome. Judges are proxies: when this climbs, a reward built on them drifts from
+    what is true. None below 8 labelled rollouts (too few to tell drift from noise)."""
+    verdicts = [r.meta.get("judge") for r in rollouts]
+    labelled = [v.get("success") if hasattr(v, "get") else None for v in verdicts]
+    pairs = [(j, r.outcome.success) for j, r in zip(labelled, rollouts) if isinstance(j, bool)]
+    if len(pairs) < 8:
+        return None
+    return sum(j != ok for j, ok in pairs) / len(pairs)
+
+
 def _probe(name, dimension, fn, warn, critical, direction):
     return {"name": name, "dimension": dimension, "fn": fn, "warn": warn, "critical": critical,
             "direction": direction}
@@ -274,4 +286,5 @@ PROBES = [
     _probe("patch_apply_rate", "test_structure", patch_apply_rate, 0.8, 0.5, "below"),
     _probe("empty_patch_rate", "test_structure", empty_patch_rate, 0.1, 0.3, "above"),
     _probe("partial_rate", "result", partial_rate, 0.5, 0.8, "above"),
+    _probe("judge_drift", "result", judge_drift, 0.25, 0.4, "above"),
 ]

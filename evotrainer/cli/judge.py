@@ -1,0 +1,118 @@
+"""`evotrainer judge`: voting LLM judges over stored rollouts; verdicts go beside each rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(Text.assemble(("error: ", "bold red"), message))
+    return typer.Exit(code)
+
+
+def open_store(workdir: Optional[Path]):
+    """The workspace's store (or $EVOTRAINER_STORE_URL); exit 1 when there is none."""
+    from evotrainer.store import Store
+    from evotrainer.workspace import Workspace
+
+    ws = Workspace(resolve_workdir(workdir))
+    url = os.environ.get("EVOTRAINER_STORE_URL")
+    if not url and not ws.store_path.exists():
+        raise _fail(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
+    return Store(url) if url else Store.open(ws.root)
+
+
+def judge_cmd(
+    run: Optional[str] = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
+    round_: Optional[int] = typer.Option(None, "--round", help="Only rollouts of round K."),
+    domain: Optional[str] = typer.Option(None, "--domain", "-d", help="Only rollouts of this domain."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Judge at most N rollouts."),
+    steps: bool = typer.Option(False, "--steps", help="Also label each assistant step GOOD/BAD "
+                               "(multi-turn rollouts; meta step_labels, for harness step_credit)."),
+    workdir: Optional[Path] = WorkdirOpt,
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose `judge:` section "
+                                          "to use (default: configs/math.yaml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON on stdout."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Config overrides, e.g. judge.model=qwen "
+                                                    "judge.base_url=http://127.0.0.1:8000/v1."),
+):
+    """Judge stored rollouts with the config's voting roles (`judge.roles`). Agreement labels a
+    rollout success or failure, disagreement queues it for `evotrainer review`, a reply still
+    malformed after `judge.max_retries` is MISSING (never a pass). The label lands in the rollout's
+    `meta["judge"]` for harness rewards; verdicts are cached by (judge model, prompt hash, rollout
+    id), so a second run asks nothing it asked before."""
+    from evotrainer.config import ConfigError, load_config
+    from evotrainer.judge import JudgeEndpointError, JudgePanel, JudgeRecords, StepJudge, make_backend
+
+    try:
+        cfg = load_config(config, overrides or []).judge
+    except ConfigError as exc:
+        err.print(f"[red]config error[/red]\n{exc}")
+        raise typer.Exit(2)
+    try:
+        backend = make_backend(cfg)
+    except ValueError as exc:
+        raise _fail(str(exc), 2)
+    labels: Counter = Counter()
+    cached = asked = stepped = 0
+    with open_store(workdir) as store:
+        run_id = None
+        if run is not None:
+            run_id = store.run_id(run)
+            if run_id is None:
+                raise _fail(f"no run named {run!r}", 2)
+        records = JudgeRecords(store)
+        panel = JudgePanel.from_config(cfg, backend, records)
+        step_judge = StepJudge(backend, records=records, max_retries=cfg.max_retries, max_tokens=cfg.max_tokens,
+                               max_chars=cfg.max_chars) if steps else None
+        total = store.count_rollouts(run_id=run_id, round_index=round_, domain=domain)
+        total = min(total, limit) if limit else total
+        if total == 0:
+            raise _fail("no rollouts match")
+        columns = (TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err, transient=True, disable=as_json) as progress:
+            task = progress.add_task("judge", total=total)
+            try:
+                for sr in store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain, limit=limit):
+                    result = panel.judge(sr.rollout)
+                    labels[result.label] += 1
+                    for vote in result.votes.values():
+                        cached += vote.cached
+                        asked += not vote.cached
+                    if step_judge is not None and any(t.role == "assistant" for t in sr.rollout.turns):
+                        stepped += step_judge(sr.rollout) is not None
+                    progress.advance(task)
+            except JudgeEndpointError as exc:
+                raise _fail(str(exc))
+        pending = len(records.reviews("pending"))
+    counts = {"rollouts": sum(labels.values()), **{k: labels.get(k, 0) for k in ("success", "failure", "disputed",
+                                                                                   "missing")},
+              "votes_asked": asked, "votes_cached": cached, "review_pending": pending, "model": backend.model}
+    if steps:
+        counts["step_labelled"] = stepped
+    if as_json:
+        typer.echo(json.dumps(counts, indent=2))
+        return
+    table = Table(title=f"judge {backend.model} ({', '.join(r.name for r in cfg.roles)})")
+    names = [k for k in counts if k != "model"]
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_row(*(str(counts[k]) for k in names))
+    Console().print(table)
+    if pending:
+        err.print(Text(f"{pending} rollout(s) wait for a person: evotrainer review -w {resolve_workdir(workdir)}",
+                       style="yellow"))

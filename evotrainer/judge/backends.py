@@ -1,0 +1,104 @@
+"""Where judge replies come from: any OpenAI-compatible endpoint, or a local HF model, by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Protocol
+
+from evotrainer.config import JudgeConfig
+
+
+class JudgeEndpointError(RuntimeError):
+    """The judge endpoint could not be reached or refused the request (after the SDK's retries)."""
+
+
+class JudgeBackend(Protocol):
+    """A chat model that answers judge prompts. `model` names it in the verdict cache key."""
+
+    model: str
+
+    def complete(self, messages: list[dict[str, str]], temperature: float, max_tokens: int) -> str: ...
+
+
+BACKENDS: dict[str, Callable[[JudgeConfig], JudgeBackend]] = {}
+
+
+def register_backend(name: str) -> Callable:
+    def deco(factory: Callable[[JudgeConfig], JudgeBackend]) -> Callable[[JudgeConfig], JudgeBackend]:
+        BACKENDS[name] = factory
+        return factory
+    return deco
+
+
+def make_backend(config: JudgeConfig) -> JudgeBackend:
+    try:
+        factory = BACKENDS[config.backend]
+    except KeyError:
+        raise ValueError(f"judge.backend {config.backend!r}: known backends are {', '.join(BACKENDS)}") from None
+    return factory(config)
+
+
+@register_backend("openai")
+class OpenAIBackend:
+    """`/v1/chat/completions` of any OpenAI-compatible server (vLLM, llama.cpp, Ollama, hosted APIs)."""
+
+    def __init__(self, config: JudgeConfig) -> None:
+        from openai import OpenAI  # imported here: a CLI that never judges should not pay for the SDK
+
+        env = os.environ
+        self.base_url = (config.base_url or env.get("EVOTRAINER_JUDGE_BASE_URL")
+                         or env.get("EVOTRAINER_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None)
+        model = config.model or env.get("EVOTRAINER_JUDGE_MODEL") or env.get("EVOTRAINER_LLM_MODEL")
+        if not model:
+            raise ValueError("judge: no model; set judge.model or EVOTRAINER_JUDGE_MODEL")
+        self.model = model
+        key = (env.get(config.api_key_env) or env.get("EVOTRAINER_LLM_API_KEY") or env.get("OPENAI_API_KEY"))
+        if not key:
+            if not self.base_url:
+                raise ValueError(f"judge: no API key; set {config.api_key_env} (or OPENAI_API_KEY), "
+                                 "or judge.base_url for a local endpoint")
+            key = "not-needed"  # local servers ignore it; the SDK wants one
+        self.client = OpenAI(base_url=self.base_url, api_key=key, timeout=config.timeout_s)
+
+    def complete(self, messages: list[dict[str, str]], temperature: float, max_tokens: int) -> str:
+        import openai
+
+        try:
+            response = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                           temperature=temperature, max_tokens=max_tokens)
+        except openai.OpenAIError as exc:
+            raise JudgeEndpointError(f"judge: chat completion at {self.base_url or 'the OpenAI API'} "
+                                     f"failed: {exc}") from exc
+        if not response.choices:
+            return ""
+        return response.choices[0].message.content or ""
+
+
+@register_backend("hf")
+class HFBackend:
+    """A local transformers causal LM (the embedded model by default): chat template, generate."""
+
+    def __init__(self, config: JudgeConfig, model=None, tokenizer=None) -> None:
+        ref = config.model or "embedded"
+        if model is None or tokenizer is None:
+            from evotrainer.policy.load import load_policy
+
+            model, tokenizer = load_policy(ref)
+        self.model_obj, self.tokenizer = model, tokenizer
+        self.model = f"hf:{ref}"
+
+    def complete(self, messages: list[dict[str, str]], temperature: float, max_tokens: int) -> str:
+        import torch
+
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                 return_dict=True)
+        sample = temperature > 0
+        with torch.no_grad():
+            out = self.model_obj.generate(**ids, max_new_tokens=max_tokens, do_sample=sample,
+                                          temperature=temperature if sample else None,
+                                          top_p=None, top_k=None, pad_token_id=self.tokenizer.pad_token_id)
+        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+__all__ = ["BACKENDS", "HFBackend", "JudgeBackend", "JudgeEndpointError", "OpenAIBackend", "make_backend",
+           "register_backend"]

@@ -1,0 +1,221 @@
+"""The replay memory (strata, stratified shares, forgetting, anchors), the stratified curriculum
+as real harness code, the rollout cache, and the held-out guard on a real SQLite store."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from evotrainer.api import Outcome, Rollout, TaskStats
+from evotrainer.coevolve.heldout import (HeldoutLeak, assert_disjoint, assert_no_heldout_rollouts,
+                                         check_hacking, round_history)
+from evotrainer.domains import get_domain
+from evotrainer.harness.loader import Harness, read_sources
+from evotrainer.memory import ReplayMemory, StrataPolicy, plan, stratified_weights
+from evotrainer.memory.cache import CachedBackend, Generation, RolloutCache, cache_key
+from evotrainer.memory.curriculum import curriculum_source
+from evotrainer.paths import HARNESSES_DIR
+from evotrainer.store import Store, StoredRollout
+
+
+def _stats(prefix: str, n: int, attempts: int, successes: int) -> list[TaskStats]:
+    return [TaskStats(f"{prefix}{i}", attempts, successes, {"split": "train"}) for i in range(n)]
+
+
+# ---------------------------------------------------------------- strata and shares
+
+
+def test_strata_follow_pass_rates_and_recent_window():
+    pol = StrataPolicy(anchor_share=0.0)
+    p = plan([TaskStats("new", 2, 1), TaskStats("uns", 8, 0), TaskStats("hard", 10, 1), TaskStats("mid", 8, 4),
+              TaskStats("easy", 10, 9), TaskStats("mast", 8, 8),
+              # all time 1/16 (hard), but the recent window says 7/8 (easy): the current model wins
+              TaskStats("moved", 16, 1, {"recent_attempts": 8.0, "recent_successes": 7.0})], pol)
+    assert p.strata == {"new": "new", "uns": "unsolved", "hard": "hard", "mid": "mid", "easy": "easy",
+                        "mast": "mastered", "moved": "easy"}
+
+
+def test_stratified_weights_give_each_stratum_its_target_share():
+    pol = StrataPolicy(anchor_share=0.0, min_members=8)
+    stats = _stats("m", 10, 8, 4) + _stats("h", 10, 10, 1) + _stats("e", 10, 10, 9) + _stats("n", 10, 0, 0)
+    w = stratified_weights(stats, pol)
+    assert sum(w.values()) == pytest.approx(1.0)
+    share = lambda prefix: sum(v for k, v in w.items() if k.startswith(prefix))  # noqa: E731
+    present = 0.6 + 0.12 + 0.12 + 0.12  # unsolved and mastered are empty: their 0.04 goes to "new"
+    assert share("m") == pytest.approx(0.6 / 1.0)
+    assert share("h") == pytest.approx(0.12) and share("e") == pytest.approx(0.12)
+    assert share("n") == pytest.approx(1.0 - 0.6 - 0.24) and present < 1.0
+    # Drawn with these weights, the batch's mid share is on target (4000 draws: +-0.03).
+    rng = random.Random(0)
+    draws = rng.choices(list(w), weights=list(w.values()), k=4000)
+    assert abs(sum(d.startswith("m") for d in draws) / 4000 - 0.6) < 0.03
+
+
+def test_a_thin_frontier_sends_its_share_to_placing_new_tasks():
+    pol = StrataPolicy(anchor_share=0.0, min_members=8)
+    stats = _stats("m", 2, 8, 4) + _stats("e", 10, 10, 9) + _stats("n", 10, 0, 0)
+    mass = plan(stats, pol).mass()
+    assert mass["mid"] == pytest.approx(0.6 * 2 / 8)  # 2 of min_members 8
+    assert mass["new"] > 0.12 + 0.4  # the rest of mid's share (and empty strata) went to "new"
+
+
+def test_forgetting_keeps_boundary_cases_and_anchors():
+    pol = StrataPolicy(capacity=8, anchor_share=0.25, evict_mastered_after=8, give_up_after=16, min_members=1)
+    mem = ReplayMemory(pol, decay=0.5)
+    ids = ["a0", "a1", "mast", "unsolv", "mid", "easy", "hard", "fresh"]
+    assert mem.admit(ids, 0) == ids
+    assert mem.plan().anchors == ("a0", "a1")
+    mem.observe({"a0": (8, 8), "a1": (8, 0), "mast": (8, 8), "unsolv": (16, 0), "mid": (8, 4), "easy": (16, 15),
+                 "hard": (8, 1)})
+    gone = mem.forget()
+    assert gone == {"mast": "mastered", "unsolv": "unsolvable"}  # anchors a0 (mastered), a1 (unsolved) stay
+    assert {"a0", "a1", "mid", "easy", "hard", "fresh"} == set(mem.entries)
+    # Full memory: new tasks push out the placed task farthest outside the band first; mid never.
+    mem.admit(["x1", "x2"], 1)
+    assert len(mem) == 8 and {"x1", "x2"} <= set(mem.entries)
+    # easy (15/16) lies 0.1375 above the band, hard (1/8) 0.075 below: easy goes first.
+    assert mem.admit(["x3"], 1) == ["x3"] and mem.forgotten["easy"] == "outside band" and "hard" in mem.entries
+    assert mem.admit(["x4"], 1) == ["x4"] and mem.forgotten["hard"] == "outside band"
+    assert mem.admit(["x5"], 1) == []  # only anchors, mid and unplaced tasks left: no room
+    assert "mid" in mem.entries
+    # Persistence round-trips.
+    again = ReplayMemory.from_json(mem.to_json())
+    assert again.plan() == mem.plan()
+
+
+def test_stratified_curriculum_runs_as_harness_code():
+    sources = read_sources(HARNESSES_DIR / "math")
+    sources["curriculum.py"] = curriculum_source("math", capacity=32, anchor_share=0.0, min_members=2)
+    harness = Harness(sources, Path("<stratified>"))  # the loader's import check and validators
+    stats = _stats("m", 4, 8, 4) + _stats("e", 4, 8, 8) + _stats("n", 4, 0, 0)
+    got = harness.weights(stats)
+    want = stratified_weights(stats, StrataPolicy(capacity=32, anchor_share=0.0, min_members=2))
+    assert got == pytest.approx({k: v for k, v in want.items()})
+    assert all(got[s.task_id] == 0.0 for s in stats if s.task_id.startswith("e"))  # mastered: forgotten
+
+
+def test_bad_curriculum_parameters_fail_when_rendered():
+    with pytest.raises(ValueError):
+        curriculum_source(lo=0.9, hi=0.2)
+
+
+# ---------------------------------------------------------------- rollout cache
+
+
+def test_cache_key_separates_versions_tasks_and_sampling():
+    greedy = {"do_sample": False, "max_new_tokens": 64}
+    base = cache_key("m", "lora-1", "t1", "What is 2 + 2?", 0, greedy)
+    assert cache_key("m", "lora-1", "t1", "What is 2 + 2?", 7, greedy) == base  # greedy ignores the seed
+    assert cache_key("m", "lora-2", "t1", "What is 2 + 2?", 0, greedy) != base  # another model version
+    assert cache_key("m", "lora-1", "t2", "What is 2 + 2?", 0, greedy) != base
+    assert cache_key("m", "lora-1", "t1", "What is 2 + 3?", 0, greedy) != base
+    assert cache_key("m", "lora-1", "t1", "What is 2 + 2?", 0, {**greedy, "max_new_tokens": 32}) != base
+    sampled = {"do_sample": True, "temperature": 0.8}
+    assert cache_key("m", "lora-1", "t1", "q", 0, sampled) != cache_key("m", "lora-1", "t1", "q", 1, sampled)
+
+
+def test_cache_persists_and_prunes_other_versions(tmp_path):
+    cache = RolloutCache(tmp_path)
+    cache.put("k1", "lora-1", Generation("Answer: 4", False, 5))
+    cache.put("k2", "lora-2", Generation("Answer: 5", True, 64))
+    again = RolloutCache(tmp_path)  # another process's view: the SQLite file
+    assert again.get("k1") == Generation("Answer: 4", False, 5) and again.get("nope") is None
+    assert (again.hits, again.misses) == (1, 1)
+    assert again.prune("lora-2") == 1 and again.get("k1") is None and again.get("k2").truncated
+
+
+@pytest.mark.slow
+def test_cached_backend_reuses_generations_within_one_adapter_version(tmp_path, embedded_model_dir):
+    """Real greedy generation with the tiny model: the second eval of the same adapter hits the
+    cache for every prompt; a new adapter (other weights, other hash) misses."""
+    from peft import LoraConfig, get_peft_model
+
+    from evotrainer.policy import load_policy
+    from evotrainer.train.evaluate import evaluate
+
+    model, tok = load_policy("embedded")
+    calls: list[int] = []
+
+    class Greedy:  # forwards to the real HF generation, counting prompts that reach the model
+        name = "hf"
+
+        def use_adapter(self, adapter):
+            pass
+
+        def generate(self, prompts, max_new_tokens, on_batch=None):
+            from evotrainer.train.evaluate import chat_prompt, generate_greedy
+
+            calls.append(len(prompts))
+            return generate_greedy(model, tok, [chat_prompt(tok, p) for p in prompts], max_new_tokens, 8)
+
+    domain = get_domain("math", levels=(0,))
+    harness = Harness(read_sources(HARNESSES_DIR / "math"), HARNESSES_DIR / "math")
+    tasks = domain.tasks("heldout", 3, 0)
+    cache = RolloutCache(tmp_path / "cache")
+    backend = CachedBackend(Greedy(), cache, "embedded")
+    adapter = tmp_path / "round-0"
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(adapter)
+    backend.use_adapter(adapter)
+    first = evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=8, batch_size=8, backend=backend)
+    second = evaluate(model, tok, domain, harness, tasks, seed=1, max_new_tokens=8, batch_size=8, backend=backend)
+    assert calls == [3] and cache.hits == 3 and first.successes == second.successes
+    other = tmp_path / "round-1"
+    shutil.copytree(adapter, other)
+    weights = other / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)  # other weights: another version
+    backend.use_adapter(other)
+    evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=8, batch_size=8, backend=backend)
+    assert calls == [3, 3]
+
+
+# ---------------------------------------------------------------- held-out guard
+
+
+def _history_store(path: Path, rewards: list[float], heldout: list[int]) -> tuple[Store, int]:
+    """A real stored run: per round, 8 training rollouts with the given mean reward and a held-out
+    eval with `heldout[i]` successes of 50."""
+    store = Store.open(path)
+    run_id = store.get_or_create_run("r", "math", {})
+    store.upsert_tasks("math", [{"task_id": "t", "split": "train", "prompt": "q", "answer": "1"},
+                                {"task_id": "h", "split": "heldout", "prompt": "q2", "answer": "2"}])
+    for i, (reward, ok) in enumerate(zip(rewards, heldout)):
+        round_id = store.start_round(run_id, i, "hv", f"v{i}")
+        rows = [StoredRollout(Rollout(f"r{i}-{j}", "t", f"g{i}", "math", "q", "a", (),
+                                      Outcome(False, 0.0, "wrong"), 3, False, {"split": "train"}),
+                              {"x": reward}, reward, 0.0, True, f"v{i}", 0, "hv", run_id, round_id, 0)
+                for j in range(8)]
+        store.add_rollouts(rows)
+        store.add_eval(run_id, round_id, "heldout", f"a{i}", 0, 50, ok, {})
+    return store, run_id
+
+
+def test_reward_hacking_fires_on_a_hacked_history_and_not_on_a_healthy_one(tmp_path):
+    hacked, run = _history_store(tmp_path / "hacked", [0.2, 0.5, 0.8], [15, 15, 14])
+    check = check_hacking(round_history(hacked, run))
+    assert check.level == "critical" and check.value == pytest.approx(0.6 + 0.02)
+    healthy, run = _history_store(tmp_path / "healthy", [0.2, 0.5, 0.8], [10, 25, 40])
+    assert check_hacking(round_history(healthy, run)).level == "ok"
+    flat, run = _history_store(tmp_path / "flat", [0.5, 0.5], [20, 15])  # a regression, not hacking
+    assert check_hacking(round_history(flat, run)).value == 0.0
+    assert check_hacking(round_history(flat, run)[:1]).level == "n/a"
+
+
+def test_heldout_split_never_reaches_training_rollouts(tmp_path):
+    store, run = _history_store(tmp_path / "s", [0.1], [5])
+    assert assert_no_heldout_rollouts(store, run_id=run) == 8
+    leak = Rollout("leak", "h", "g", "math", "q2", "a", (), Outcome(True, 1.0, "ok"), 3, False, {})
+    store.add_rollouts([StoredRollout(leak, {}, 1.0, 0.0, True, "v", 0, "hv", run, None, 0)])
+    with pytest.raises(HeldoutLeak, match="held-out task h"):
+        assert_no_heldout_rollouts(store, run_id=run)
+
+
+def test_domain_splits_are_disjoint():
+    for name in ("math", "code"):
+        d = get_domain(name, levels=(0, 1))
+        train, heldout = d.tasks("train", 200, 0), d.tasks("heldout", 60, 1)
+        assert_disjoint(train, heldout)
+        with pytest.raises(HeldoutLeak):
+            assert_disjoint(train + heldout[:1], heldout)
