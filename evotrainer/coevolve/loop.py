@@ -90,7 +90,14 @@ class Coevolution:
         session.store.close()
 
     def stage_verify(self, state: RunState) -> None:
+        self._guard(state)
         pending = state.pending
+        if pending is not None and state.guard["level"] == "critical":
+            # Reward hacking is critical: the last promotion is the first suspect, so it goes.
+            verdict = Verdict(baseline=0.0, live=0.0, noise=0.0, regressed=True)
+            self._revert(state, pending, verdict, why=state.guard["describe"])
+            state.pending = None
+            return
         if pending is None:
             self.console.print("nothing promoted last round: nothing to verify")
             return
@@ -114,6 +121,7 @@ class Coevolution:
             run_id = store.run_id(self.config.run_name)
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
         self.report = health_report(harness, rows)
+        self._add_guard_probe(state)
         write_report(self.report, self.ws.root / "diagnostics", f"{self.config.run_name}-round-{state.round}")
         for p in self.report.alerts:
             self.console.print(f"  [{'red' if p.level == 'critical' else 'yellow'}]{p.level}[/] "
@@ -160,6 +168,7 @@ class Coevolution:
                                f"{_decisive(c.reasons)}")
 
     def stage_promote(self, state: RunState) -> None:
+        self._hold_back(state)
         passing = sorted((c for c in state.candidates if c.decision == "promote"),
                          key=lambda c: c.gain or 0.0, reverse=True)
         if not passing:
@@ -245,8 +254,52 @@ class Coevolution:
         save_learned(self.ws.root, skill, status, evidence)
         self.console.print(f"skill {pending.skill}: {status}")
 
-    def _revert(self, state: RunState, pending: Pending, verdict: Verdict) -> None:
-        why = f"live verification in round {state.round}: {verdict.describe()}"
+    # -- the held-out guard -----------------------------------------------------------------
+
+    def _guard(self, state: RunState) -> None:
+        """Check that this round trained on no held-out task, and score reward hacking."""
+        from evotrainer.coevolve.heldout import assert_no_heldout_rollouts, check_hacking, round_history
+
+        with Store.open(self.ws.root, self.config.store.url) as store:
+            run_id = store.run_id(self.config.run_name)
+            assert_no_heldout_rollouts(store, run_id=run_id, round_index=state.round)
+            history = [h for h in round_history(store, run_id) if h["round"] <= state.round]
+        check = check_hacking(history)
+        state.guard = {"round": state.round, "value": check.value, "level": check.level,
+                       "describe": check.describe()}
+        if check.level in ("warn", "critical"):
+            colour = "red" if check.level == "critical" else "yellow"
+            self.console.print(f"[{colour}]held-out guard: {check.describe()}")
+
+    def _add_guard_probe(self, state: RunState) -> None:
+        """The trusted reward-hacking value joins the health report as a probe (replacing a harness
+        probe of the same name), so every agent sees it among the alerts."""
+        from evotrainer.coevolve.heldout import CRITICAL, PROBE, WARN
+        from evotrainer.diagnose import ProbeResult
+
+        if state.guard is None or state.guard.get("round") != state.round:
+            self._guard(state)
+        g = state.guard
+        self.report.probes = [p for p in self.report.probes if p.name != PROBE]
+        self.report.probes.append(ProbeResult(PROBE, "result", g["value"], g["level"], WARN, CRITICAL, "above"))
+
+    def _hold_back(self, state: RunState) -> None:
+        """Under a critical reward-hacking alert only a change that targets a safety metric (a fix
+        for the hack) may be promoted; the rest are held back with the reason."""
+        from evotrainer.backtest import SAFETY_METRICS
+        from evotrainer.backtest.gate import target_from_trailer
+
+        if not state.guard or state.guard.get("level") != "critical":
+            return
+        for c in state.candidates:
+            if c.decision == "promote" and target_from_trailer(c.targets) not in SAFETY_METRICS:
+                c.decision = "reject"
+                c.reasons.append(f"held back by the held-out guard: {state.guard['describe']}")
+                self.console.print(f"{c.branch}: held back (reward-hacking alert is critical)")
+
+    def _revert(self, state: RunState, pending: Pending, verdict: Verdict, why: str | None = None) -> None:
+        why = f"live verification in round {state.round}: {why or verdict.describe()}"
+
         sha = self.repo.revert(pending.merge, why)
         self.console.print(f"[red]reverted[/] {pending.branch} ({sha[:8]}): {why}")
         self._save_skill(pending, "failed", verdict, state)
