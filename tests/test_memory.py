@@ -219,3 +219,31 @@ def test_domain_splits_are_disjoint():
         assert_disjoint(train, heldout)
         with pytest.raises(HeldoutLeak):
             assert_disjoint(train + heldout[:1], heldout)
+
+
+def test_critical_reward_hacking_reverts_the_last_promotion_and_holds_back_others(tmp_path):
+    """The outer loop treats the guard as critical: on a real workspace and store, the pending
+    promotion is reverted and only a candidate that targets a safety metric may be promoted."""
+    from evotrainer.coevolve import Coevolution, RunState
+    from evotrainer.coevolve.state import Candidate, Pending
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR
+    from evotrainer.skills import SkillLibrary
+
+    loop = Coevolution(load_config(CONFIGS_DIR / "math-tiny.yaml", ["run_name=r"]), tmp_path / "work")
+    _history_store(loop.ws.root, [0.2, 0.5, 0.8], [15, 15, 14])
+    skill = "partial-credit-format"
+    edits = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    cand = loop.repo.propose(1, "pcf", edits, diagnosis="dead groups", targets="dead_group_ratio", expected="x")
+    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
+    state = RunState(run="r", domain="math", round=2, stage="verify",
+                     pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 1))
+    loop.stage_verify(state)
+    assert state.guard["level"] == "critical" and state.pending is None
+    reverts = [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]
+    assert reverts and "reward_hacking" in reverts[0].trailers["Reverted-Because"]
+    state.candidates = [Candidate("a", "candidate/2-a", None, {}, "dead_group_ratio", "x", "bt1", "promote"),
+                        Candidate("b", "candidate/2-b", None, {}, "proxy_auc", "x", "bt2", "promote")]
+    loop._hold_back(state)
+    assert [c.decision for c in state.candidates] == ["reject", "promote"]
+    assert "held-out guard" in state.candidates[0].reasons[-1]
