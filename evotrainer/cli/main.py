@@ -49,8 +49,10 @@ def _register_subapps() -> None:
     from evotrainer.cli.diagnose import diagnose_cmd
     from evotrainer.cli.grade import grade_cmd
     from evotrainer.cli.harness import app as harness_app
+    from evotrainer.cli.report import report_cmd
     from evotrainer.cli.rollouts import app as rollouts_app
     from evotrainer.cli.skills import app as skills_app
+    from evotrainer.cli.status import status_cmd
     from evotrainer.cli.tasks import app as tasks_app
 
     app.add_typer(rollouts_app, name="rollouts")
@@ -66,6 +68,8 @@ def _register_subapps() -> None:
     app.command("review")(review_cmd)
     app.add_typer(skills_app, name="skills")
     app.add_typer(tasks_app, name="tasks")
+    app.command("report")(report_cmd)
+    app.command("status")(status_cmd)
 
 
 @app.command()

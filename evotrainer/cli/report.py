@@ -1,0 +1,47 @@
+"""`evotrainer report`: build the static HTML report of a workspace (and optionally open it)."""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+
+err = Console(stderr=True)
+
+
+def report_cmd(
+    workdir: Optional[Path] = WorkdirOpt,
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the site (default: WORKDIR/report). "
+                                       "An existing report there is replaced."),
+    open_: bool = typer.Option(False, "--open", help="Open the overview page in the default browser."),
+):
+    """Write a static HTML report of the workspace: overview with curves, harness lineage with
+    diffs, backtests, diagnostics, paginated rollouts and the skill library. It needs no network
+    to view and loads no scripts or fonts."""
+    from evotrainer.report import ReportError, build_report
+
+    wd = resolve_workdir(workdir)
+    with Progress(TextColumn("[bold]rollout pages"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("rollouts", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            summary = build_report(wd, out, on_progress=progress)
+        except ReportError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2)
+    index = summary.out / "index.html"
+    err.print(f"wrote {summary.pages} pages ({summary.rollouts} rollouts) to {summary.out} "
+              f"in {summary.seconds:.1f} s")
+    typer.echo(str(index.resolve()))
+    if open_:
+        webbrowser.open(index.resolve().as_uri())

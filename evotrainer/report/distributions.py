@@ -1,0 +1,112 @@
+"""Training-reward distributions of a backtest's rollouts under its base and candidate harness,
+split by verified outcome: what the report's ordering chart draws.
+
+Backtest reports keep metrics, not per-rollout rewards, so the rewards are recomputed here by
+replaying both harness versions over (a sample of) the same stored rollouts. Harness code is
+untrusted, so it runs in the sandboxed worker pool the backtest engine uses; a harness that
+fails there only leaves its chart out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Mapping
+
+from evotrainer.api import Rollout, rollout_from_dict, rollout_to_dict
+from evotrainer.backtest.engine import Selector
+from evotrainer.harness.repo import HarnessRepo, HarnessRepoError
+from evotrainer.harness.sandbox import CandidateFailure, SandboxError, SandboxLimits, SandboxPool
+from evotrainer.store import Store
+
+SAMPLE = 2000  # rollouts per backtest: enough to see the shape, cheap at any store size
+BATCH = 250
+
+
+@dataclass(frozen=True)
+class RewardJob:
+    """In a worker: the training reward of every rollout of a batch under the named harnesses."""
+
+    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> None:
+        return None
+
+    def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> dict[str, list[float]]:
+        labels, dicts = message
+        rollouts = [rollout_from_dict(d) for d in dicts]
+        return {label: [float(harnesses[label].training_reward(harnesses[label].reward(r))) for r in rollouts]
+                for label in labels}
+
+
+def _sample(store: Store, selector: dict) -> list[Rollout]:
+    sel = Selector.from_json(selector)
+    run_id = store.run_id(sel.run) if sel.run is not None else None
+    if sel.run is not None and run_id is None:
+        return []
+    limit = min(SAMPLE, sel.limit) if sel.limit else SAMPLE
+    return [sr.rollout for sr in store.iter_rollouts(run_id=run_id, round_index=sel.round, domain=sel.domain,
+                                                     ids=sel.ids, limit=limit)]
+
+
+def _score(repo: HarnessRepo, shas: list[str], work: list[tuple[list[str], list[Rollout]]]) -> list[dict]:
+    sides = [(sha, repo.sources(sha)) for sha in shas]
+    messages = [(labels, [rollout_to_dict(r) for r in rollouts[i:i + BATCH]]) for labels, rollouts in work
+                for i in range(0, len(rollouts), BATCH)]
+    replies: list[Any] = [None] * len(messages)
+    with SandboxPool(sides, RewardJob(), 1, SandboxLimits(load_timeout_s=30.0, message_timeout_s=120.0)) as pool:
+        for i, reply in pool.imap(messages):
+            replies[i] = reply
+    # Stitch batches back into one result per work item.
+    out, k = [], 0
+    for labels, rollouts in work:
+        merged: dict[str, list[float]] = {label: [] for label in labels}
+        for _ in range(0, len(rollouts), BATCH):
+            for label in labels:
+                merged[label] += [float(x) for x in replies[k][label]]
+            k += 1
+        out.append(merged)
+    return out
+
+
+def reward_distributions(store: Store, repo: HarnessRepo, reports: list[dict]) -> dict[str, dict]:
+    """backtest id -> {"n": sample size, "base": {"success": [...], "failure": [...]},
+    "candidate": {...}} (or {"error": why}). All harness versions share one sandbox pool; if one
+    of them cannot even load there, each backtest is retried in a pool of its own."""
+    samples: dict[str, list[Rollout]] = {}
+    work: list[tuple[dict, list[str], list[Rollout]]] = []
+    out: dict[str, dict] = {}
+    for bt in reports:
+        if not (bt.get("metrics") or {}).get("base"):
+            continue  # the candidate failed in its backtest: nothing to draw
+        key = json.dumps({k: v for k, v in bt["selector"].items() if k != "until_seq"}, sort_keys=True)
+        if key not in samples:
+            samples[key] = _sample(store, bt["selector"])
+        try:
+            shas = [repo.resolve(bt["base"]), repo.resolve(bt["candidate"])]
+        except HarnessRepoError as exc:
+            out[bt["id"]] = {"error": str(exc)}
+            continue
+        if samples[key]:
+            work.append((bt, shas, samples[key]))
+    if not work:
+        return out
+    every = sorted({sha for _, shas, _ in work for sha in shas})
+    try:
+        results = _score(repo, every, [(shas, rollouts) for _, shas, rollouts in work])
+    except (CandidateFailure, SandboxError):
+        results = []
+        for _, shas, rollouts in work:
+            try:
+                results.append(_score(repo, sorted(set(shas)), [(shas, rollouts)])[0])
+            except (CandidateFailure, SandboxError) as exc:
+                results.append({"error": str(exc)})
+    for (bt, shas, rollouts), rewards in zip(work, results):
+        if "error" in rewards:
+            out[bt["id"]] = rewards
+            continue
+        entry: dict[str, Any] = {"n": len(rollouts)}
+        for side, sha in zip(("base", "candidate"), shas):
+            values = rewards[sha]
+            entry[side] = {"success": [v for r, v in zip(rollouts, values) if r.outcome.success],
+                           "failure": [v for r, v in zip(rollouts, values) if not r.outcome.success]}
+        out[bt["id"]] = entry
+    return out

@@ -1,0 +1,198 @@
+"""Write the static report: gather the workspace, draw the charts, render the Jinja templates.
+
+    summary = build_report(workdir, out)   # out defaults to <workdir>/report
+
+The site is plain HTML + one CSS file + inline SVG: no scripts, no fonts, nothing fetched.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from evotrainer.harness.repo import HarnessRepo
+from evotrainer.report import gather
+from evotrainer.report.charts import Marker, Series, Strip, line_chart, strip_chart
+from evotrainer.report.rollout_pages import RolloutWriter, facet_name, page_path
+from evotrainer.store import Store
+from evotrainer.workspace import Workspace
+
+PAGES = (("index.html", "Overview"), ("lineage.html", "Harness lineage"), ("backtests.html", "Backtests"),
+         ("diagnostics.html", "Diagnostics"), ("rollouts/index.html", "Rollouts"), ("skills.html", "Skills"))
+SUCCESS, FAILURE = "#2ca02c", "#d62728"
+
+
+class ReportError(Exception):
+    """A workspace the report cannot be built from; the message names the folder."""
+
+
+@dataclass
+class ReportSummary:
+    out: Path
+    pages: int
+    rollouts: int
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _env() -> Environment:
+    env = Environment(loader=PackageLoader("evotrainer.report", "templates"), undefined=StrictUndefined,
+                      autoescape=select_autoescape(["html", "j2"]), trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = lambda v, d=3: "–" if v is None else f"{v:.{d}f}"
+    env.filters["signed"] = lambda v, d=4: "–" if v is None else f"{v:+.{d}f}"
+    env.filters["short"] = lambda v, n=8: (v or "")[:n]
+    return env
+
+
+def highlight(text: str, lexer: str) -> Markup:
+    """Syntax-highlighted HTML (pygments), or plain escaped text when pygments is missing."""
+    try:
+        from pygments import highlight as pyg
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import get_lexer_by_name
+    except ImportError:  # pragma: no cover - pygments comes with rich
+        from markupsafe import escape
+
+        return Markup(f'<pre class="code">{escape(text)}</pre>')
+    return Markup(pyg(text, get_lexer_by_name(lexer), HtmlFormatter(cssclass="hl code")))
+
+
+def _css() -> str:
+    css = resources.files("evotrainer.report").joinpath("templates", "style.css").read_text(encoding="utf-8")
+    try:
+        from pygments.formatters import HtmlFormatter
+
+        css += "\n" + HtmlFormatter(style="friendly").get_style_defs(".hl")
+    except ImportError:  # pragma: no cover
+        pass
+    return css
+
+
+def overview_chart(rounds: list[dict], lineage: dict) -> str:
+    heldout = [(r["index"], r["heldout_success"]) for r in rounds if r["heldout_success"] is not None]
+    reward = [(r["index"], r["train_reward"]) for r in rounds if r["train_reward"] is not None]
+    markers = []
+    for c in lineage["commits"]:
+        if c["kind"] in ("promotion", "revert") and c["round"] is not None:
+            # A promotion after round k trains from round k+1; a revert decided in round k's
+            # verification is live from round k+1 too: both sit between the rounds.
+            label = (c["trailers"].get("Candidate", c["subject"]) if c["kind"] == "promotion"
+                     else f"revert: {c['trailers'].get('Candidate', c['subject'])}")
+            kind = "promote" if c["kind"] == "promotion" else "revert"
+            markers.append(Marker(c["round"] + (0.6 if kind == "promote" else 0.4), label, kind))
+    return line_chart([Series("held-out verified success (fraction)", heldout, SUCCESS),
+                       Series("mean training reward (harness units)", reward, "#1f77b4", dashed=True)],
+                      x_label="round", y_label="success rate / reward",
+                      title="Held-out verified success and training reward by round", markers=markers)
+
+
+def distribution_chart(dist: dict) -> str:
+    strips = []
+    for side in ("base", "candidate"):
+        for outcome, colour in (("success", SUCCESS), ("failure", FAILURE)):
+            strips.append(Strip(f"verified {outcome}", dist[side][outcome], colour, side))
+    return strip_chart(strips, y_label="training reward (harness units)",
+                       title="Training reward of verified successes and failures, base vs candidate")
+
+
+def build_report(workdir: Path | str, out: Path | str | None = None,
+                 on_progress: Callable[[int, int], None] | None = None) -> ReportSummary:
+    """Build the site for `workdir` into `out` (default <workdir>/report); return what was written."""
+    start = time.perf_counter()
+    ws = Workspace(workdir)
+    if not ws.root.is_dir():
+        raise ReportError(f"{ws.root}: no such workspace folder")
+    if not ws.store_path.exists() and not ws.exists():
+        raise ReportError(f"{ws.root}: neither store.db nor a harness repo here; is this a workspace?")
+    out = Path(out) if out is not None else ws.report
+    if out.exists():
+        if any(out.iterdir()) and not (out / "index.html").exists():
+            raise ReportError(f"{out}: exists, is not empty and is not a report; pick another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    env = _env()
+    timings: dict[str, float] = {}
+    tick = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal tick
+        now = time.perf_counter()
+        timings[name] = round(now - tick, 3)
+        tick = now
+
+    state = gather.load_state(ws.root)
+    store = Store.open(ws.root) if ws.store_path.exists() else None
+    try:
+        rounds = gather.rounds(store, state) if store else []
+        base = gather.base_success(store) if store else {}
+        skills = gather.skills(ws)
+        bts = gather.backtests(ws, store)
+        by_id = {b["id"]: b for b in bts}
+        lineage = gather.lineage(ws, by_id, skills, state)
+        diags = gather.diagnostics(ws)
+        lap("gather")
+        dists: dict[str, dict] = {}
+        if store and ws.exists() and bts:
+            from evotrainer.report.distributions import reward_distributions
+
+            dists = reward_distributions(store, HarnessRepo(ws.harnesses), bts)
+        for bt in bts:
+            d = dists.get(bt["id"])
+            bt["chart"] = Markup(distribution_chart(d)) if d and "error" not in d else ""
+            bt["chart_note"] = (d or {}).get("error") or (f"{d['n']} rollouts replayed" if d else
+                                                           "no chart: the backtest has no metrics")
+        lap("distributions")
+        want = {rid for d in diags for p in d["alerts"] for rid in p.examples}
+        writer = RolloutWriter(store, out, lambda t, ctx: env.get_template(t).render(nav=PAGES, current="rollouts/index.html", **ctx), want) \
+            if store else None
+        n_rollouts = writer.total() if writer else 0
+        if writer:
+            done = 0
+
+            def step() -> None:
+                nonlocal done
+                done += 1
+                if on_progress and (done % 500 == 0 or done == n_rollouts):
+                    on_progress(done, n_rollouts)
+
+            writer.write(step)
+        lap("rollouts")
+    finally:
+        if store:
+            store.close()
+
+    for c in lineage["commits"] + lineage["rejected"]:
+        c["diff_html"] = highlight(c["diff"], "diff") if c["diff"] else ""
+    for s in skills:
+        s["templates_html"] = {name: highlight(text, "jinja" if name.endswith(".j2") else "text")
+                               for name, text in s["templates"].items()}
+    known_commits = {c["sha"] for c in lineage["commits"]}
+    common = {"nav": PAGES, "workdir": str(ws.root.resolve()), "state": state,
+              "generated": time.strftime("%Y-%m-%d %H:%M")}
+    pages = {
+        "index.html": ("overview.html.j2", {"rounds": rounds, "base": base, "commit_shas": known_commits,
+                                           "chart": Markup(overview_chart(rounds, lineage))}),
+        "lineage.html": ("lineage.html.j2", {"lineage": lineage, "backtests": by_id}),
+        "backtests.html": ("backtests.html.j2", {"backtests": bts, "lineage": lineage}),
+        "diagnostics.html": ("diagnostics.html.j2", {"diagnostics": diags,
+                                                     "where": writer.where if writer else {}}),
+        "rollouts/index.html": ("rollouts_index.html.j2", {"scopes": writer.scopes if writer else [],
+                                                           "page_path": page_path, "facet_name": facet_name}),
+        "skills.html": ("skills.html.j2", {"skills": skills, "backtests": by_id, "commits": known_commits}),
+    }
+    for name, (template, ctx) in pages.items():
+        root = "../" * name.count("/")
+        html = env.get_template(template).render(root=root, current=name, **common, **ctx)
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(html, encoding="utf-8")
+    (out / "style.css").write_text(_css(), encoding="utf-8")
+    lap("pages")
+    written = len(pages) + (writer.pages_written if writer else 0)
+    return ReportSummary(out, written, n_rollouts, time.perf_counter() - start, timings)

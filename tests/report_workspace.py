@@ -1,0 +1,130 @@
+"""A small real workspace for report tests and the report bench, made without training: real
+rollout rows in a real SQLite store, and the outer loop's own stages (diagnose, propose,
+backtest, promote, verify) run over them for three rounds, so the harness repo, backtest
+reports, diagnostics and skills are what a co-evolution run writes. Round 1's held-out result
+falls (its promotion is reverted); round 2's holds (validated). One multi-turn SWE trajectory
+from the real agent loop, graded by the real grader, is imported without a round."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+from evotrainer.api import Outcome, Rollout
+from evotrainer.coevolve import Coevolution, RunState
+from evotrainer.config import load_config
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
+from evotrainer.store import Store, StoredRollout
+
+HELDOUT = {0: (128, 70), 1: (128, 30), 2: (128, 34)}  # round -> (n, successes): a fall, then a hold
+
+
+def _rows(run_id: int, round_id: int, k: int, harness: str) -> list[StoredRollout]:
+    """8 groups of 8: six all-failing (dead), two live; ids unique per round."""
+    rows = []
+    for g in range(8):
+        for j in range(8):
+            success = g >= 6 and j <= k
+            truncated = not success and j % 2 == 0
+            text = "Answer: 4" if success else ("Answer: 5" if j % 2 else "Let me think about this for a")
+            kind = "ok" if success else ("truncated" if truncated else "wrong")
+            r = Rollout(f"r{k}-{g}-{j:02d}", f"t-{g}", f"k{k}g{g}", "math", "What is 2 + 2?", text, (),
+                        Outcome(success, float(success), kind, ()), 12 + j, truncated, {"level": 0})
+            rows.append(StoredRollout(r, {"correct": float(success)}, float(success), 0.0, j != 7,
+                                      f"lora-{k}", j, harness, run_id, round_id, g))
+    return rows
+
+
+def plain_config(tmp: Path):
+    plain = tmp / "plain-seed"
+    shutil.copytree(HARNESSES_DIR / "math", plain)
+    spec = plain / "harness.yaml"
+    spec.write_text(spec.read_text().replace("format: 0.1", "format: 0.0"))
+    return load_config(CONFIGS_DIR / "math-tiny.yaml", [f"harness={plain}", "coevolve.max_proposals=2"])
+
+
+def build_workspace(tmp: Path, rounds: int = 3) -> Path:
+    loop = Coevolution(plain_config(tmp), tmp / "work")
+    ws = loop.ws.root
+    state = RunState(run="tiny", domain="math")
+    state.save(loop.state_path)
+    with Store.open(ws) as store:
+        run_id = store.get_or_create_run("tiny", "math", {})
+        store.add_eval(run_id, None, "heldout", None, 0, 128, 34, {})
+        for k in range(rounds):
+            round_id = store.start_round(run_id, k, loop.repo.resolve("main"), f"lora-{k}")
+            store.add_rollouts(_rows(run_id, round_id, k, loop.repo.resolve("main")))
+            n, ok = HELDOUT[k % 3]
+            store.add_eval(run_id, round_id, "heldout", f"adapters/round-{k}", 0, n, ok, {})
+            store.finish_round(round_id, {"heldout_success": ok / n, "train_reward": 0.1 + 0.05 * k,
+                                          "train_success": 0.1 + 0.05 * k, "step_time": 2.0 - 0.1 * k},
+                               f"adapters/round-{k}")
+            state.stage = "verify"
+            for stage in (loop.stage_verify, loop.stage_diagnose, loop.stage_propose, loop.stage_backtest,
+                          loop.stage_promote):
+                stage(state)
+            loop._finish_round(state)
+        store.add_rollouts([swe_trajectory(tmp)])
+    return ws
+
+
+CLEAN = textwrap.dedent('''\
+    def clamp(x, lo, hi):
+        if x < lo:
+            return lo
+        if x > hi:
+            return hi
+        return x
+    ''')
+TESTS = textwrap.dedent('''\
+    from shapes import clamp
+
+
+    def test_low():
+        assert clamp(-1, 0, 10) == 0
+
+
+    def test_high():
+        assert clamp(10.5, 0, 10) == 10
+    ''')
+
+
+def swe_trajectory(tmp: Path) -> StoredRollout:
+    """A real multi-turn agent run (scripted policy) on a tiny repo, with the grader's per-test
+    results kept in meta.per_test."""
+    from evotrainer.grade import grade, make_patch, task_from_dict
+    from evotrainer.scaffold.agent import ScriptedPolicy, run_agent, to_rollout
+
+    buggy = CLEAN.replace("if x > hi:", "if x >= hi + 1:")
+    root = tmp / "swe" / "repo"
+    root.mkdir(parents=True)
+    (root / "shapes.py").write_text(CLEAN)
+    (root / "test_shapes.py").write_text(TESTS)
+    row = {"instance_id": "shapes-1", "repo": str(root), "base_commit": "x",
+           "patch": make_patch({"shapes.py": (buggy, CLEAN)}), "test_patch": "",
+           "FAIL_TO_PASS": ["test_shapes.py::test_high"], "PASS_TO_PASS": ["test_shapes.py::test_low"],
+           "problem_statement": "clamp(10.5, 0, 10) returns 10.5", "level": 0,
+           "bug_patch": make_patch({"shapes.py": (CLEAN, buggy)}),
+           "mutation": {"kind": "flip_compare", "path": "shapes.py", "function": "clamp", "line": 4,
+                        "description": "x"}}
+    task = task_from_dict(row, base=root.parent)
+    fix = "shapes.py\n<<<<<<< SEARCH\n    if x >= hi + 1:\n=======\n    if x > hi:\n>>>>>>> REPLACE\n"
+    policy = ScriptedPolicy(['{"tool": "view", "path": "shapes.py", "start": 1, "end": 6}', fix,
+                             '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}'])
+    result = run_agent(task, policy, max_steps=6)
+    graded = grade(task, result.patch, timeout_s=60)
+    rollout = to_rollout(task, result, group_id="swe-g0", num_tokens=120)
+    meta = {**dict(rollout.meta), "per_test": dict(graded.per_test)}
+    rollout = Rollout(rollout.id, rollout.task_id, rollout.group_id, rollout.domain, rollout.prompt,
+                      rollout.completion, rollout.turns, rollout.outcome, rollout.num_tokens,
+                      rollout.truncated, meta)
+    return StoredRollout(rollout, {"correct": float(rollout.outcome.success)}, float(rollout.outcome.success))
+
+
+if __name__ == "__main__":  # python tests/report_workspace.py DIR: build one to look at
+    import sys
+
+    out = build_workspace(Path(sys.argv[1]))
+    print(json.dumps({"workspace": str(out)}))
