@@ -123,3 +123,17 @@ def test_jsonl_tasks_have_no_generator(tmp_path):
                         for j in range(8)])
     report = synthesize_frontier(store, "math", n=2)
     assert not report.accepted and report.reasons() == {"no_generator": 1}
+
+
+def test_tasks_frontier_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.tasks import app
+
+    store, _, _ = _seed_store(tmp_path, "math", 9)
+    store.close()
+    result = CliRunner().invoke(app, ["frontier", "--workdir", str(tmp_path), "--n", "3"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "frontier" / "math-seed0.json").is_file()
+    assert CliRunner().invoke(app, ["frontier", "--workdir", str(tmp_path), "--band", "0.9,0.1"]).exit_code == 2
+    assert CliRunner().invoke(app, ["frontier", "--workdir", str(tmp_path / "none")]).exit_code == 2

@@ -111,6 +111,11 @@ def list_cmd(file: Annotated[Path, typer.Argument(help="A task file (default: th
     Console().print(table)
 
 
+from evotrainer.frontier.cli import frontier_cmd  # noqa: E402  (self-questioning lives in evotrainer.frontier)
+
+app.command("frontier")(frontier_cmd)
+
+
 def main() -> None:  # `python -m evotrainer.cli.tasks`, until the main CLI registers the sub-app
     app()
 
