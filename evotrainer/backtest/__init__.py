@@ -47,7 +47,7 @@ def _run_and_decide(store: Store, base: HarnessVersion, candidate: HarnessVersio
 def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selector | None = None,
              gate: GateConfig | None = None, store: Store | None = None, workers: int | None = None,
              chunk_size: int = DEFAULT_CHUNK, on_progress: Progress | None = None,
-             record: bool = True) -> dict[str, Any]:
+             record: bool = True, executor: str = "local") -> dict[str, Any]:
     """Backtest harness revision `rev` against `base`, write and index the report, and return it.
 
     A harness fault never raises: it is a "reject" report with the reason. With `record`, a
@@ -63,7 +63,8 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
     store = store or Store.open(ws.root)
     try:
         run, decision = _run_and_decide(store, base_v, cand_v, selector or Selector(), gate, declared,
-                                        workers=workers, chunk_size=chunk_size, on_progress=on_progress)
+                                        workers=workers, chunk_size=chunk_size, on_progress=on_progress,
+                                        executor=executor)
         report = build_report(new_id(), base_rev=base, base_sha=base_v.sha, candidate_rev=rev,
                               candidate_sha=cand_v.sha, run=run, decision=decision, gate=gate,
                               declared_target=declared)
@@ -90,7 +91,8 @@ def _judge_agreement(store: Store, run: BacktestRun) -> dict[str, Any]:
 
 
 def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
-           workers: int | None = None, on_progress: Progress | None = None) -> dict[str, Any]:
+           workers: int | None = None, on_progress: Progress | None = None,
+           executor: str = "local") -> dict[str, Any]:
     """Re-run a stored backtest on the same commits, rollouts and gate; say what reproduced."""
     ws = Workspace(workdir)
     own_store = store is None
@@ -100,7 +102,7 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
         base_v, cand_v = _versions(HarnessRepo(ws.harnesses), old["base"], old["candidate"])
         run, decision = _run_and_decide(store, base_v, cand_v, Selector.from_json(old["selector"]),
                                         GateConfig(**old["gate"]), old.get("declared_target"),
-                                        workers=workers, on_progress=on_progress)
+                                        workers=workers, on_progress=on_progress, executor=executor)
     finally:
         if own_store:
             store.close()

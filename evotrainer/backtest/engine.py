@@ -474,6 +474,17 @@ def ids_sha256(store: Store, selection: Selection) -> str:
         last = page[-1][0]
 
 
+def chunk_pool(executor: str) -> Callable[..., Any]:
+    """The pool class that runs backtest chunks for an executor name (config `executor.kind`)."""
+    if executor == "local":
+        return SandboxPool
+    if executor == "ray":
+        from evotrainer.sandbox.ray_executor import RaySandboxPool
+
+        return RaySandboxPool
+    raise ValueError(f"unknown executor {executor!r}; known: local, ray")
+
+
 def default_workers() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -484,9 +495,14 @@ def default_workers() -> int:
 def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
                  gate: GateConfig | None = None, *, workers: int | None = None,
                  chunk_size: int = DEFAULT_CHUNK,
-                 on_progress: Callable[[int, int], None] | None = None) -> BacktestRun:
+                 on_progress: Callable[[int, int], None] | None = None,
+                 executor: str = "local") -> BacktestRun:
     """Score the selected rollouts under both harnesses. A harness fault is returned as
-    `failure` (metrics None), never raised; a bad selector raises ValueError."""
+    `failure` (metrics None), never raised; a bad selector raises ValueError.
+
+    `executor`: "local" (sandbox worker processes here) or "ray" (the same sandbox workers,
+    each inside a Ray actor; see evotrainer.sandbox.ray_executor)."""
+    pool_class = chunk_pool(executor)
     gate = gate or GateConfig()
     selection = resolve(store, selector)
     if not selection.count:
@@ -508,7 +524,7 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
                                message_timeout_s=gate.time_budget_s)
         sides = [(label, dict(v.sources)) for label, v in zip(LABELS, (base, candidate))]
         chunks = plan_chunks(store, selection, chunk_size)
-        with SandboxPool(sides, job, workers, limits) as pool:
+        with pool_class(sides, job, workers, limits) as pool:
             ready = time.perf_counter()
             for _, reply in pool.imap(chunks):
                 try:

@@ -126,7 +126,7 @@ def backtest_cmd(
         help="Which stored rollouts: run=NAME,round=K,domain=D,limit=N, or ids=@FILE (one id a line). "
              "Default: all."),
     workdir: Optional[Path] = WorkdirOpt,
-    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: all cores)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: config executor.workers, else all cores)."),
     config: Optional[Path] = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     overrides: Optional[List[str]] = OverridesArg,
@@ -146,7 +146,8 @@ def backtest_cmd(
     try:
         with _Bar("backtest") as bar:
             report = backtest(ws.root, rev, base=base, selector=selector, gate=cfg.gate, store=store,
-                              workers=workers, on_progress=bar)
+                              workers=workers or cfg.executor.workers, on_progress=bar,
+                              executor=cfg.executor.kind)
     except (HarnessRepoError, ValueError) as exc:
         raise _fail(str(exc))
     finally:

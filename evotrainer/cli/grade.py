@@ -32,7 +32,9 @@ def _grade_job(job: tuple[Any, str, float, Optional[str]]) -> dict[str, Any]:
 def grade_cmd(
     tasks: Path = typer.Option(..., "--tasks", help="SWE-bench-format task JSONL."),
     predictions: Path = typer.Option(..., "--predictions", help="JSONL (or JSON list) of {instance_id, model_patch}."),
-    workers: int = typer.Option(1, "--workers", "-j", min=1, help="Grading processes."),
+    workers: int = typer.Option(1, "--workers", "-j", min=1, help="Grading processes (or Ray tasks at once)."),
+    executor_name: str = typer.Option("local", "--executor", help="local: a process pool here; ray: Ray tasks "
+                                      "(a private instance, or the cluster at $RAY_ADDRESS)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds for one test run."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Keep grades in DIR/grades.sqlite across runs."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Write each grade's log to DIR/<instance_id>.log."),
@@ -62,7 +64,12 @@ def grade_cmd(
         err.print("[yellow]warning:[/yellow] no network namespace here: graded code can reach the network")
 
     done: dict[tuple[str, str], dict[str, Any]] = {}
-    executor = get_executor("local", workers=workers)
+    if executor_name not in ("local", "ray"):
+        raise _fail(f"--executor: expected local or ray, got {executor_name!r}")
+    try:
+        executor = get_executor(executor_name, workers=workers)
+    except ImportError:
+        raise _fail("--executor ray needs Ray: pip install 'evotrainer[ray]'")
     try:
         with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[last]}"), console=err, transient=as_json) as progress:

@@ -159,7 +159,10 @@ class Coevolution:
         for c in state.candidates:
             if c.backtest is not None:
                 continue
-            report = backtest(self.ws.root, c.branch, selector=selector, gate=self.config.gate)
+            # The run's own store (config store.url), on the configured executor.
+            with Store.open(self.ws.root, self.config.store.url) as store:
+                report = backtest(self.ws.root, c.branch, selector=selector, gate=self.config.gate, store=store,
+                                  workers=self.config.executor.workers, executor=self.config.executor.kind)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = _gain(report)
             state.save(self.state_path)

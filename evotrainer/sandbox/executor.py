@@ -1,12 +1,13 @@
 """Where sandboxed jobs run: an Executor protocol, a local process pool, and a name registry.
 
-`get_executor("local", workers=4)` is what configs name; a Ray executor can register later
-under "ray" with the same two methods. Jobs are module-level functions and picklable items, so
+`get_executor("local", workers=4)` is what configs name; the Ray executor (ray_executor.py)
+registers under "ray" with the same two methods. Jobs are module-level functions and picklable items, so
 the same call works in-process (workers=1) and in a pool.
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, runtime_checkable
@@ -57,6 +58,8 @@ class LocalExecutor:
 
 
 _REGISTRY: dict[str, Callable[..., Executor]] = {"local": LocalExecutor}
+# Registered when first asked for, so `ray` is imported only by runs that use it.
+_LAZY = {"ray": "evotrainer.sandbox.ray_executor"}
 
 
 def register_executor(name: str, factory: Callable[..., Executor]) -> None:
@@ -67,8 +70,10 @@ def register_executor(name: str, factory: Callable[..., Executor]) -> None:
 
 def get_executor(name: str = "local", **options: Any) -> Executor:
     """Build the executor registered as `name` (ValueError lists the known ones)."""
+    if name not in _REGISTRY and name in _LAZY:
+        importlib.import_module(_LAZY[name])
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown executor {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise ValueError(f"unknown executor {name!r}; known: {', '.join(sorted({*_REGISTRY, *_LAZY}))}") from None
     return factory(**options)
