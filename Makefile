@@ -9,6 +9,8 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 .PHONY: setup train test test-fast clean
 
 setup: $(VENV)/.installed
+	# The SWE task pack's library sources (pinned sdists, fetched with pip; cached after the first time).
+	$(VENV)/bin/evotrainer tasks fetch
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)

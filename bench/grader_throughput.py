@@ -2,6 +2,7 @@
 
     python bench/grader_throughput.py                         # 8 synthetic tasks x (gold, wrong) patches
     python bench/grader_throughput.py --tasks-file evotrainer/tasks/packs/*.jsonl  # the bundled pack, gold
+                                                              # (after `evotrainer tasks fetch`)
 
 Synthetic tasks are small real repos (a module with an off-by-one and a 12-test suite) made in a
 temp folder. Every grade is real: patch applied, tests restored, sandboxed pytest, junit read.
@@ -93,11 +94,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
         if args.tasks_file:
-            tasks = [t for f in args.tasks_file for t in load_tasks(f)]
-            if any("bug_patch" in t.extra for t in tasks):  # the bundled pack: clean snapshot + bug
-                from evotrainer.tasks.repos import buggy_task
-
-                tasks = [buggy_task(t) for t in tasks]
+            tasks = [t for f in args.tasks_file for t in load_tasks(f)]  # the grader applies any bug_patch
             pairs = [(t, t.patch) for t in tasks]
         else:
             tasks = load_tasks(synthetic_tasks(Path(tmp), args.tasks))

@@ -12,3 +12,16 @@ _ROOT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "harnesses").is_dir() else P
 CONFIGS_DIR = _ROOT / "configs"
 HARNESSES_DIR = _ROOT / "harnesses"
 SKILLS_DIR = _ROOT / "skills"
+
+
+def evotrainer_home() -> Path:
+    """Where caches live (converted models, fetched SWE task sources): EVOTRAINER_HOME, else the
+    user cache dir."""
+    import os
+
+    env = os.environ.get("EVOTRAINER_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("evotrainer"))

@@ -431,3 +431,77 @@ def test_tests_in_a_package_still_run(grader, task):
     (task.root / "tests" / "__init__.py").write_text("")
     result = grader.grade(task, task.patch)
     assert result.outcome.success, result.log
+
+
+# ---------------------------------------------------------------- a clean snapshot plus bug_patch
+
+
+@pytest.fixture
+def visible_dir(artifacts_dir):
+    """A folder the sandboxed code could read if nothing hid it: outside /tmp (a private tmpfs in
+    the sandbox) and world-readable (the sandbox may run as a fresh uid)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="redteam-", dir=artifacts_dir.resolve()))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def snapshot_task(visible_dir):
+    """A synthesized-style task: `repo` is the CLEAN repo (the fix) in a snapshot store beside the
+    task file, and `bug_patch` makes the buggy state; the grader applies it itself."""
+    tmp_path = visible_dir
+    clean = tmp_path / "store" / "calc-clean"
+    (clean / "tests").mkdir(parents=True)
+    (clean / "calc.py").write_text(FIXED)
+    (clean / "tests" / "test_calc.py").write_text(TESTS)
+    row = {"instance_id": "calc-snap", "repo": "store/calc-clean", "base_commit": "snapshot",
+           "patch": make_patch({"calc.py": (CALC, FIXED)}), "bug_patch": make_patch({"calc.py": (FIXED, CALC)}),
+           "test_patch": "", "FAIL_TO_PASS": F2P[:1], "PASS_TO_PASS": P2P, "problem_statement": "add()",
+           "level": 0}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    [t] = load_tasks(tmp_path / "tasks.jsonl")
+    return t
+
+
+def test_bug_patch_task_is_graded_on_the_buggy_state(grader, snapshot_task):
+    assert grader.grade(snapshot_task, snapshot_task.patch).outcome.success
+    for patch in ("", calc_patch(CALC + "# looked at it\n")):
+        result = graded(grader, snapshot_task, patch)
+        assert result.per_test.get(F2P[0]) in (None, "missing", "failed")
+    assert (snapshot_task.root / "calc.py").read_text() == FIXED  # nothing written to the snapshot
+
+
+def test_broken_bug_patch_is_a_task_error(grader, snapshot_task):
+    from dataclasses import replace
+
+    broken = replace(snapshot_task, extra={**snapshot_task.extra, "bug_patch": make_patch({"calc.py": ("x\n", "y\n")})})
+    result = grader.grade(broken, broken.patch)
+    assert result.outcome.kind == "error" and "bug_patch" in result.log
+
+
+@pytest.mark.parametrize("target", ["snapshot", "store", "task_file"])
+def test_reading_the_clean_snapshot(grader, snapshot_task, target):
+    """The clean snapshot is the fix: code that finds it (by its absolute path, a sibling state in
+    the store, or the task file's gold patch) and runs its `add` must not pass."""
+    root = snapshot_task.root
+    where = {"snapshot": str(root / "calc.py"), "store": str(root.parent / "calc-copy" / "calc.py"),
+             "task_file": str(snapshot_task.task_file)}[target]
+    if target == "store":  # another state of the repo in the same store (as a buggy-state cache holds)
+        (root.parent / "calc-copy").mkdir()
+        (root.parent / "calc-copy" / "calc.py").write_text(FIXED)
+    peek = ("def _clean():\n    try:\n        with open(%r) as f:\n            return f.read()\n"
+            "    except OSError:\n        return ''\n\n"
+            "def add(a, b):\n    return a + b if 'return a + b' in _clean() else a - b\n" % where)
+    patch = calc_patch(peek + CALC.split("\n\n\n", 1)[1])
+    naive = run_sandboxed([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], src=root,
+                          files=apply_patch(root, parse_patch(patch), read=lambda rel: CALC if rel == "calc.py" else None),
+                          timeout_s=TIMEOUT)
+    assert naive.returncode == 0, naive.stdout[-2000:]  # the hack is real where nothing is hidden
+    if not isolation_support()["mountns"]:
+        pytest.skip("no mount namespace here: the grader cannot hide host paths (reported in isolation)")
+    result = graded(grader, snapshot_task, patch)
+    assert result.per_test[F2P[0]] == "failed", result.log

@@ -185,7 +185,7 @@ def test_fail_to_pass_and_pass_to_pass_are_true(synthesized):
         ids = list(task.tests)
         clean = run_tests(task.root, ids, ids, 30)
         assert all(s == "passed" for s in clean.status.values()), clean.log
-        buggy = run_tests(repos.buggy_task(task).root, ids, ids, 30)
+        buggy = run_tests(task.root, ids, ids, 30, files=repos.buggy_files(task))
         assert all(buggy.status[t] != "passed" for t in task.FAIL_TO_PASS), buggy.status
         assert all(buggy.status[t] == "passed" for t in task.PASS_TO_PASS), buggy.status
 
@@ -194,12 +194,17 @@ def test_gold_resolves_and_empty_does_not(synthesized):
     out, _ = synthesized
     grader = Grader(cache=None)
     for task in load_tasks(out):
-        buggy = repos.buggy_task(task)
-        assert grader.grade(buggy, task.patch).outcome.success
-        assert not grader.grade(buggy, "").outcome.success
+        assert task.bug_patch and task.hide == (out.parent.resolve(),)  # the store beside the tasks is hidden
+        assert grader.grade(task, task.patch).outcome.success  # the grader applies bug_patch itself
+        assert not grader.grade(task, "").outcome.success
         # the bug patch undoes the gold patch: clean + bug + gold == clean
-        path = next(iter(apply_patch(task.root, task.extra["bug_patch"])))
-        assert apply_patch(buggy.root, task.patch)[path] == (task.root / path).read_text()
+        buggy = repos.buggy_files(task)
+        path = next(iter(buggy))
+        assert apply_patch(task.root, task.patch, read=buggy.get)[path] == (task.root / path).read_text()
+        # the materialized cache is the same buggy state, already at base (no bug_patch left)
+        cached = repos.buggy_task(task)
+        assert cached.bug_patch == "" and (cached.root / path).read_text() == buggy[path]
+        assert grader.grade(cached, task.patch).outcome.success
 
 
 def test_synthesis_is_deterministic_by_seed(synthesized, tiny_repo, tmp_path):

@@ -1,24 +1,30 @@
 """The bundled SWE task pack: well-formed, small, licensed, and graded right by the real grader.
 
+The pack holds task files and the pins of its libraries' sdists, never their code: the `pack`
+fixture fetches the sources (pip, once per machine; a no-op when cached in EVOTRAINER_HOME).
 For every task the gold patch must resolve and the empty patch must not; a patch that only adds a
-comment must not either (so the bug really fails its tests). The fast run grades one task per
+comment must not either (so the bug really fails its tests). The grader gets the task as loaded
+(clean snapshot + bug_patch) and builds the buggy state itself. The fast run grades one task per
 library; the slow run grades them all.
 """
 
 from __future__ import annotations
 
 import os
+import time
+
 import pytest
 
 from evotrainer.domains.swe import SweDomain, edit_prompt, focus
 from evotrainer.grade import Grader, apply_patch, make_patch
-from evotrainer.tasks import PACK_DIR, load_pack, pack_files, repos
+from evotrainer.tasks import PACK_DIR, load_pack, pack_files, repos, sources
 
 LIBRARIES = {"more-itertools", "toolz", "inflection"}
 
+
 @pytest.fixture(scope="module", autouse=True)
 def _swe_cache(tmp_path_factory):
-    """Buggy task states are built under a temp folder, not the user's cache."""
+    """Buggy task states (repos.buggy_task) are built under a temp folder, not the user's cache."""
     old = os.environ.get("EVOTRAINER_SWE_CACHE")
     os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
     yield
@@ -28,9 +34,9 @@ def _swe_cache(tmp_path_factory):
         os.environ["EVOTRAINER_SWE_CACHE"] = old
 
 
-
 @pytest.fixture(scope="module")
 def pack():
+    sources.fetch(PACK_DIR)  # pip-downloads what is not cached yet; FetchError says what to do offline
     return load_pack()
 
 
@@ -45,21 +51,41 @@ def _library(task) -> str:
 
 def test_pack_shape(pack):
     assert {f.stem for f in pack_files()} == LIBRARIES
-    assert 20 <= len(pack) <= 40
+    assert 34 <= len(pack) <= 40
     assert {_library(t) for t in pack} == LIBRARIES
     assert {t.level for t in pack} == {0, 1, 2}
+    for lib in LIBRARIES:  # every library spreads its tasks over the levels
+        levels = [t.level for t in pack if _library(t) == lib]
+        assert max(levels.count(lv) for lv in (0, 1, 2)) - min(levels.count(lv) for lv in (0, 1, 2)) <= 1, lib
     assert len({t.instance_id for t in pack}) == len(pack)
     assert len({t.patch for t in pack}) == len(pack)  # no duplicate bugs
-    size = sum(p.stat().st_size for p in PACK_DIR.rglob("*") if p.is_file())
-    assert size < 5 * 2**20, f"pack is {size / 2**20:.1f} MiB"
     assert (PACK_DIR / "README.md").is_file()
 
 
-def test_every_snapshot_keeps_its_license_and_no_history(pack):
+def test_pack_holds_no_third_party_code():
+    """Task files, the sdist pins and the README: nothing else (the libraries' code is fetched)."""
+    assert sorted(p.name for p in PACK_DIR.iterdir() if p.name != "__pycache__") == sorted(
+        [f"{lib}.jsonl" for lib in LIBRARIES] + ["README.md", sources.MANIFEST])
+    size = sum(p.stat().st_size for p in PACK_DIR.iterdir() if p.is_file())
+    assert size < 2**20, f"pack is {size / 2**20:.1f} MiB"
+    pins = sources.load_sources(PACK_DIR)
+    assert {s.name for s in pins} == LIBRARIES and {s.tasks for s in pins} == {f"{lib}.jsonl" for lib in LIBRARIES}
+    readme = (PACK_DIR / "README.md").read_text()
+    for s in pins:
+        assert s.requirement in readme and s.license in readme and s.sha256 in readme
+
+
+def test_every_snapshot_is_the_pinned_sdist_with_its_license(pack):
+    pins = {s.snapshot_name: s for s in sources.load_sources(PACK_DIR)}
+    store = sources.snapshot_store()
     for root in {t.root for t in pack}:
+        assert root.parent == store.resolve() and root.name in pins, root
+        assert repos.content_hash(root) == pins[root.name].content_hash
         assert any(p.name.startswith("LICENSE") for p in root.iterdir()), root
         assert not any(p.name in (".git", "__pycache__") for p in root.rglob("*")), root
-        assert str(root).startswith(str(PACK_DIR))
+    for t in pack:  # graded code never sees the store (clean code: every task's fix)
+        assert sources.swe_cache() in t.hide and t.task_file is not None
+        assert t.repo == t.root.name and t.base_commit == f"snapshot-{pins[t.repo].content_hash}"
 
 
 def test_bug_and_gold_patches_are_inverse(pack):
@@ -73,6 +99,14 @@ def test_bug_and_gold_patches_are_inverse(pack):
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS and not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
         for test in t.tests:
             assert (t.root / test.split("::", 1)[0]).is_file(), test
+
+
+def test_unfetched_pack_names_the_fetch_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("EVOTRAINER_HOME", str(tmp_path / "empty-home"))
+    with pytest.raises(sources.PackNotFetched, match="evotrainer tasks fetch"):
+        load_pack()
+    with pytest.raises(ValueError, match="evotrainer tasks fetch"):
+        SweDomain(source="pack")
 
 
 def test_domain_splits_and_prompts(pack):
@@ -117,12 +151,11 @@ def _noop(task) -> str:
 
 
 def _check(task, grader) -> None:
-    buggy = repos.buggy_task(task)
-    gold = grader.grade(buggy, task.patch)
+    gold = grader.grade(task, task.patch)  # clean snapshot + bug_patch: the grader builds the buggy state
     assert gold.outcome.success, f"{task.instance_id}: gold {gold.outcome}\n{gold.log[-2000:]}"
-    empty = grader.grade(buggy, "")
+    empty = grader.grade(task, "")
     assert not empty.outcome.success and empty.outcome.kind == "empty"
-    noop = grader.grade(buggy, _noop(task))
+    noop = grader.grade(task, _noop(task))
     assert not noop.outcome.success and noop.outcome.kind == "wrong", f"{task.instance_id}: {noop.outcome}"
     assert all(noop.per_test[t] != "passed" for t in task.FAIL_TO_PASS)
 
@@ -136,14 +169,26 @@ def test_gold_resolves_and_empty_does_not_sample(pack, grader):
             _check(t, grader)
 
 
+def test_buggy_task_cache_matches_what_the_grader_builds(pack, grader):
+    """The thin materialized cache (for the agent scaffold) is graded the same as the task itself."""
+    t = pack[0]
+    buggy = repos.buggy_task(t)
+    assert buggy.bug_patch == "" and t.root.resolve() in buggy.hide
+    assert grader.grade(buggy, t.patch).outcome.success
+    assert not grader.grade(buggy, _noop(t)).outcome.success
+
+
 @pytest.mark.slow
 def test_gold_resolves_and_empty_does_not_all(pack, grader):
     failures = []
+    start = time.monotonic()
     for t in pack:
         try:
             _check(t, grader)
         except AssertionError as exc:
             failures.append(str(exc).splitlines()[0])
+    print(f"\n{len(pack) - len(failures)}/{len(pack)} gold resolve, 0 empty/no-op resolve; "
+          f"{time.monotonic() - start:.1f}s for {3 * len(pack)} grades")
     assert not failures, "\n".join(failures)
 
 

@@ -1,4 +1,5 @@
-"""`evotrainer tasks`: synthesize SWE tasks from a repo, import SWE-bench JSONL, list a task file."""
+"""`evotrainer tasks`: synthesize SWE tasks from a repo, import SWE-bench JSONL, fetch a pack's sources,
+list a task file."""
 
 from __future__ import annotations
 
@@ -91,6 +92,51 @@ def import_cmd(
         console.print(f"[red]{exc}")
         raise typer.Exit(1)
     console.print(f"imported {len(tasks)} task(s) to {out}")
+
+
+@app.command("fetch")
+def fetch_cmd(
+    pack: Annotated[str, typer.Option("--pack", help="A pack name (bundled) or a pack folder (with sources.json).")]
+    = "bundled",
+    sdist_dir: Annotated[Optional[Path], typer.Option(
+        "--sdist-dir", help="Take the source archives from this folder instead of downloading them with pip "
+        "(for machines without access to the package index).")] = None,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Re-hash snapshots already fetched; rebuild any that changed.")] = False,
+):
+    """Get the library sources a task pack was built on: pip-download each pinned sdist, check its
+    sha256, extract it and check the snapshot's content hash, into $EVOTRAINER_HOME/swe/snapshots.
+    Already fetched libraries are skipped."""
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from evotrainer.tasks import resolve_pack
+    from evotrainer.tasks.sources import FetchError, fetch_one, load_sources, snapshot_store
+
+    try:
+        folder = resolve_pack(pack)
+        libraries = load_sources(folder)
+    except ValueError as exc:
+        console.print(f"[red]{exc}")
+        raise typer.Exit(2)
+    if sdist_dir is not None and not sdist_dir.is_dir():
+        console.print(f"[red]--sdist-dir {sdist_dir} is not a folder")
+        raise typer.Exit(2)
+    store = snapshot_store()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=console, transient=True) as progress:
+        bar = progress.add_task("fetching", total=len(libraries))
+        for src in libraries:
+            progress.update(bar, description=f"fetching {src.requirement}")
+            try:
+                path, status = fetch_one(src, store, sdist_dir=sdist_dir, verify=verify)
+            except FetchError as exc:
+                progress.stop()
+                console.print(str(exc), style="red", markup=False, highlight=False)
+                raise typer.Exit(1)
+            progress.console.print(f"{src.requirement} ({src.license}): {status} -> {path}", markup=False,
+                                   highlight=False)
+            progress.advance(bar)
+    console.print(f"{len(libraries)} librar{'y' if len(libraries) == 1 else 'ies'} ready in {store}")
 
 
 @app.command("list")

@@ -145,7 +145,7 @@ def _test_flags(task: SweTask, result: GradeResult) -> tuple[str, ...]:
 
 def grade_outcome(task: SweTask, patch: str, timeout_s: float, extra_flags: Iterable[str] = ()) -> Outcome:
     """Grade a diff on the task's buggy state with the trusted grader; add the test-tier flags."""
-    result = grade_patch(repos.buggy_task(task), patch, timeout_s=timeout_s)
+    result = grade_patch(task, patch, timeout_s=timeout_s)  # the grader applies the task's bug_patch itself
     o = result.outcome
     flags = tuple(extra_flags) + tuple(o.flags)
     if o.kind in ("ok", "wrong", "timeout"):

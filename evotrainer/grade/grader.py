@@ -3,8 +3,13 @@ resolve only on explicit, consistent pass evidence.
 
 For one (task, model_patch):
 
+0. The task's base state is its repo, or, for a task with a `bug_patch` (a synthesized task: the
+   repo is a clean snapshot shared by every task of the library), the repo with `bug_patch`
+   applied in memory. The clean files never reach the sandbox (the buggy ones are written over
+   them in the copy) and the snapshot's folder, the task file and the task's `hide` paths are
+   hidden from the code under test: the clean code is the fix.
 1. An empty patch is `empty`. The patch is parsed and applied in memory against the task's
-   repo (with the task's `test_patch` on top); a path outside the repo is refused (`patch_failed`,
+   base state (with the task's `test_patch` on top); a path outside the repo is refused (`patch_failed`,
    flags `unsafe_path`, `tampering`); a hunk that does not apply is `patch_failed`.
 2. Protected files are never taken from the patch: test files (under test/tests/testing folders,
    `test_*.py`, `*_test.py`, anything `test_patch` touches), `conftest.py`, `sitecustomize.py`,
@@ -125,12 +130,20 @@ class _Reference:
     root: Path
     test_files: dict[str, str | None]  # test_patch applied: {path: text or None = deleted}
     hidden: tuple[str, ...]  # test .py files of the final tree (relative)
-    clean_files: frozenset[str]
+    clean_files: frozenset[str]  # the base state's files
     fingerprint: str
+    bug_files: dict[str, str | None] = field(default_factory=dict)  # bug_patch applied to the snapshot
+
+    @property
+    def overlay(self) -> dict[str, str | None]:
+        """What the sandbox copy of `root` gets written over it before the model's patch."""
+        return {**self.bug_files, **self.test_files}
 
     def read(self, rel: str) -> str | None:
         if rel in self.test_files:
             return self.test_files[rel]
+        if rel in self.bug_files:
+            return self.bug_files[rel]
         p = self.root / rel
         if not p.is_file():
             return None
@@ -156,23 +169,34 @@ def _walk(root: Path) -> list[tuple[str, int, int]]:
     return out
 
 
+def _overlaid(files: frozenset[str], changes: Mapping[str, str | None]) -> frozenset[str]:
+    return (files | {p for p, c in changes.items() if c is not None}) - {p for p, c in changes.items() if c is None}
+
+
 def build_reference(task: SweTask) -> _Reference:
     root = task.root
     if not root.is_dir():
         raise GradeError(f"{task.instance_id}: repo folder not found: {root}")
     listing = _walk(root)
-    clean = frozenset(p for p, _, _ in listing)
+    bug_files: dict[str, str | None] = {}
+    if task.bug_patch.strip():
+        try:
+            bug_files = apply_patch(root, task.bug_patch)
+        except PatchError as exc:
+            raise GradeError(f"{task.instance_id}: the task's bug_patch does not apply to {root}: {exc}") from None
+    base = _overlaid(frozenset(p for p, _, _ in listing), bug_files)
     test_files: dict[str, str | None] = {}
     if task.test_patch.strip():
+        partial = _Reference(root, {}, (), base, "", bug_files)  # the base state, to apply the test_patch to
         try:
-            test_files = apply_patch(root, task.test_patch)
+            test_files = apply_patch(root, task.test_patch, read=partial.read)
         except PatchError as exc:
             raise GradeError(f"{task.instance_id}: the task's test_patch does not apply: {exc}") from None
-    final = (clean | {p for p, c in test_files.items() if c is not None}) - {p for p, c in test_files.items() if c is None}
+    final = _overlaid(base, test_files)
     hidden = tuple(sorted(p for p in final if p.endswith(".py") and (is_test_path(p) or p in test_files)))
-    digest = hashlib.sha256(json.dumps([GRADER_VERSION, task.instance_id, str(root), task.test_patch,
+    digest = hashlib.sha256(json.dumps([GRADER_VERSION, task.instance_id, str(root), task.bug_patch, task.test_patch,
                                         list(task.FAIL_TO_PASS), list(task.PASS_TO_PASS), listing]).encode())
-    return _Reference(root, test_files, hidden, clean, digest.hexdigest()[:32])
+    return _Reference(root, test_files, hidden, base, digest.hexdigest()[:32], bug_files)
 
 
 # ---------------------------------------------------------------- junit and the guard's record
@@ -230,7 +254,7 @@ class Grader:
     _refs: dict[str, _Reference] = field(default_factory=dict, repr=False)
 
     def reference(self, task: SweTask) -> _Reference:
-        key = hashlib.sha256(json.dumps([task.instance_id, str(task.root), task.test_patch,
+        key = hashlib.sha256(json.dumps([task.instance_id, str(task.root), task.bug_patch, task.test_patch,
                                          list(task.tests)]).encode()).hexdigest()
         if key not in self._refs:
             self._refs[key] = build_reference(task)
@@ -275,14 +299,14 @@ class Grader:
         token = secrets.token_hex(8)
         module = f"evo_guard_{token}"
         junit = f"junit-{secrets.token_hex(16)}.xml"
-        files: dict[str, str | None] = {**ref.test_files, **keep}
+        files: dict[str, str | None] = {**ref.overlay, **keep}
         targets = list(task.tests)
         test_files = sorted({t.split("::", 1)[0] for t in targets if ref.exists(t.split("::", 1)[0])
                              or keep.get(t.split("::", 1)[0])})
         guard_cfg = {"targets": targets, "hidden": list(ref.hidden)}
         cmd = [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", module, "-q", "--rootdir", "{repo}",
                "--continue-on-collection-errors", f"--junitxml={{out}}/{junit}", *test_files]
-        hide = [p for p in (task.root, task.task_file) if p is not None]
+        hide = [p for p in (task.root, task.task_file, *task.hide) if p is not None]
         sb = run_sandboxed(
             cmd, src=ref.root, files=files, timeout_s=self.timeout_s, mem_mb=self.mem_mb, nproc=self.nproc,
             fsize_mb=self.fsize_mb, hide=hide,

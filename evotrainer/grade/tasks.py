@@ -4,9 +4,12 @@ One line per task, with SWE-bench's field names: `instance_id`, `repo`, `base_co
 (the gold fix), `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`, `problem_statement`, plus our
 `level` (0 names file, function and line; 1 the function; 2 only the symptom, the default for
 imported SWE-bench lines). Other SWE-bench fields (`version`, `hints_text`, ...) are kept in
-`extra`. Differences from SWE-bench: `repo` is a local folder holding the repository at the buggy
-state (absolute, or relative to the task file's folder), and `FAIL_TO_PASS`/`PASS_TO_PASS` may be
-lists or JSON-encoded lists (SWE-bench ships both).
+`extra`. Differences from SWE-bench: `repo` is a local folder (absolute, or relative to the task
+file's folder; in a task pack, a folder with `sources.json`, relative to the pack's fetched
+snapshot store, see evotrainer/tasks/sources.py) holding the repository at the buggy state, or,
+when the line has a `bug_patch`, the clean repository that `bug_patch` turns into the buggy state
+(the grader applies it); and `FAIL_TO_PASS`/`PASS_TO_PASS` may be lists or JSON-encoded lists
+(SWE-bench ships both).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class SweTask:
     repo_path: Path | None = None  # `repo` resolved against the task file's folder
     task_file: Path | None = None  # where it was loaded from (the grader hides it from the code)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # More host paths graded code must not see: where the repo's other states live (a snapshot
+    # store holds the clean code, i.e. every task's fix).
+    hide: tuple[Path, ...] = ()
 
     @property
     def tests(self) -> tuple[str, ...]:
@@ -44,6 +50,12 @@ class SweTask:
     @property
     def root(self) -> Path:
         return self.repo_path or Path(self.repo)
+
+    @property
+    def bug_patch(self) -> str:
+        """The diff that turns `root` (a clean snapshot) into the buggy base state ("" when `root` is it)."""
+        value = self.extra.get("bug_patch", "")
+        return value if isinstance(value, str) else ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSONL line (SWE-bench names; lists as JSON lists)."""
@@ -100,9 +112,36 @@ def task_from_dict(row: Any, *, base: Path | None = None, where: str = "task",
     )
 
 
+def repo_base(path: Path, *, check_repo: bool = True) -> tuple[Path, tuple[Path, ...]]:
+    """(the folder a task file's relative `repo` paths start from, paths to hide from graded code).
+
+    A plain file: its own folder, hidden (it may hold other states of the repo). A task pack's
+    file: the pack's fetched snapshot store and the SWE cache (ValueError naming the fetch command
+    when the pack's sources are not fetched and `check_repo`).
+    """
+    from evotrainer.tasks import sources  # imported on use: the grader needs it for packs only
+
+    folder = path.parent.resolve()
+    if sources.is_pack(folder):
+        return sources.pack_repo_base(folder, path.name, require=check_repo)
+    return folder, (folder,)
+
+
+def _hide(task: SweTask, base_hide: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The base folder's hide paths for a relative `repo`; the SWE cache for any repo inside it."""
+    from evotrainer.tasks.sources import swe_cache
+
+    hide = () if Path(task.repo).expanduser().is_absolute() else base_hide
+    cache = swe_cache().resolve()
+    if cache == task.root or cache in task.root.parents:
+        hide = (*hide, cache)
+    return tuple(dict.fromkeys(hide))
+
+
 def load_tasks(path: Path | str, *, check_repo: bool = True) -> list[SweTask]:
     """Every task of a JSONL file; ValueError names the file and line of the first bad one."""
     path = Path(path)
+    base, hide = repo_base(path, check_repo=check_repo)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -117,11 +156,11 @@ def load_tasks(path: Path | str, *, check_repo: bool = True) -> list[SweTask]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        task = task_from_dict(row, base=path.parent.resolve(), where=where, check_repo=check_repo)
+        task = task_from_dict(row, base=base, where=where, check_repo=check_repo)
         if task.instance_id in seen:
             raise ValueError(f"{where}: instance_id {task.instance_id!r} repeats line {seen[task.instance_id]}")
         seen[task.instance_id] = lineno
-        tasks.append(_with(task, task_file=path.resolve()))
+        tasks.append(_with(task, task_file=path.resolve(), hide=_hide(task, hide)))
     return tasks
 
 

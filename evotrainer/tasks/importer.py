@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from evotrainer.grade import PatchError, SweTask, apply_patch, parse_patch, task_from_dict, write_tasks
+from evotrainer.grade.tasks import repo_base
 
 
 def _resolve_repo(row: dict, base: Path, repo_root: Path | None) -> dict:
@@ -29,7 +30,7 @@ def import_tasks(src: Path | str, out: Path | str, *, repo_root: Path | str | No
                  default_level: int | None = None) -> list[SweTask]:
     """Validate every line of `src` and write them to `out`; ValueError names the first bad line."""
     src, out = Path(src), Path(out)
-    base = src.parent.resolve()
+    base, _ = repo_base(src)  # a task pack's file: its repos are in the fetched snapshot store
     root = Path(repo_root).resolve() if repo_root else None
     try:
         lines = src.read_text(encoding="utf-8").splitlines()

@@ -1,19 +1,16 @@
-"""Task repositories: snapshot a repo's source into a task store, and build a task's buggy state.
+"""Task repositories: snapshot a repo's source into a task store, and read a task's buggy state.
 
 Storage. A synthesized task keeps ONE clean snapshot of the repository per library (`repo`) and
 its bug as a per-task diff (`bug_patch`, an extra SWE-bench field): clean + bug_patch is the
 buggy base state, the one `patch` (the gold fix) applies to. Thirty tasks on one library cost
 one copy of it plus thirty one-hunk diffs, instead of thirty copies.
 
-The grader expects `repo` to hold the buggy state. Until it applies `bug_patch` itself,
-`buggy_task` materializes clean + bug_patch once per task into a cache folder and hands the
-grader a task pointing there. A task without `bug_patch` (imported SWE-bench lines) is already
-at its base state and is passed through unchanged.
-
-The clean snapshot holds the fix, so the code under test must not see it. The grader hides
-`repo_path` and `task_file`; `buggy_task` puts in `task_file` the folder that holds both the
-snapshot and the task file (the whole pack, for the bundled one), or the snapshot alone when that
-folder would also hide the Python installation the tests run on.
+The grader applies `bug_patch` itself (in memory, written over the clean files in its sandbox
+copy) and hides the snapshot, the task file and the task's `hide` paths from the code under test:
+the clean snapshot is the fix. `read_buggy` gives one file of the buggy state (prompts, the edit
+scaffold). `buggy_task` is a thin cache for callers that need the buggy state as a real folder
+(the agent scaffold's working copy): it materializes clean + bug_patch once per task and returns
+a task that is already at its base state (no `bug_patch`), with the snapshot added to `hide`.
 """
 
 from __future__ import annotations
@@ -81,7 +78,7 @@ def snapshot(repo: Path, store: Path, name: str | None = None) -> Path:
             target = tmp / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(repo / rel, target)
-        os.replace(tmp, dest)
+        _publish(tmp, dest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -89,8 +86,7 @@ def snapshot(repo: Path, store: Path, name: str | None = None) -> Path:
 
 
 def bug_patch(task: SweTask) -> str:
-    value = task.extra.get("bug_patch", "")
-    return value if isinstance(value, str) else ""
+    return task.bug_patch
 
 
 def buggy_files(task: SweTask) -> dict[str, str | None]:
@@ -111,16 +107,18 @@ def read_buggy(task: SweTask, rel: str) -> str | None:
 
 
 def cache_root() -> Path:
+    """Where `buggy_task` builds buggy states: EVOTRAINER_SWE_CACHE, else inside the SWE cache
+    (which pack tasks hide from graded code: another task's buggy state holds this task's fix)."""
     env = os.environ.get("EVOTRAINER_SWE_CACHE")
     if env:
         return Path(env)
-    from platformdirs import user_cache_dir
+    from evotrainer.tasks.sources import swe_cache
 
-    return Path(user_cache_dir("evotrainer")) / "swe-repos"
+    return swe_cache() / "buggy"
 
 
 def buggy_task(task: SweTask, cache: Path | None = None) -> SweTask:
-    """The task with `repo_path` at its buggy base state, ready for the grader (see module doc)."""
+    """The task with `repo_path` at its buggy base state in a cache folder (see module doc)."""
     patch = bug_patch(task)
     if not patch.strip():
         return task
@@ -139,29 +137,21 @@ def buggy_task(task: SweTask, cache: Path | None = None) -> SweTask:
                 else:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(text, encoding="utf-8")
-            try:
-                os.replace(tmp, dest)
-            except OSError:  # another process built it first
-                if not dest.is_dir():
-                    raise
+            _publish(tmp, dest)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-    return replace(task, repo_path=dest, task_file=_origin(task))
+    extra = {k: v for k, v in task.extra.items() if k != "bug_patch"}
+    return replace(task, repo_path=dest, extra=extra, hide=tuple(dict.fromkeys((*task.hide, task.root.resolve()))))
 
 
-def _origin(task: SweTask) -> Path:
-    """What to hide from the code under test: the snapshot and the task file, when that is safe."""
-    import sys
-
-    root = task.root.resolve()
-    if task.task_file is None:
-        return root
-    common = Path(os.path.commonpath([root, task.task_file.resolve()]))
-    needed = [Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve()]
-    if common == Path(common.anchor) or any(common in (p, *p.parents) for p in needed):
-        return root
-    return common
+def _publish(tmp: Path, dest: Path) -> None:
+    """Move a finished folder into place; another process may have built the same one first."""
+    try:
+        os.replace(tmp, dest)
+    except OSError:
+        if not dest.is_dir():
+            raise
 
 
 def _safe(name: str) -> str:

@@ -343,7 +343,7 @@ def task_record(c: Candidate, level: int, repo_name: str, repo_ref: str, base_co
 def verify(record: dict[str, Any], base: Path, grader: Grader | None = None) -> tuple[bool, str]:
     """Gold resolves and the empty patch does not, under the real grader."""
     grader = grader or Grader(cache=None)
-    task = repos.buggy_task(task_from_dict(record, base=base, where=record["instance_id"]))
+    task = task_from_dict(record, base=base, where=record["instance_id"])  # the grader applies bug_patch
     gold = grader.grade(task, record["patch"])
     if not gold.outcome.success:
         return False, f"gold does not resolve ({gold.outcome.kind}, {gold.outcome.flags}):\n{gold.log[-1500:]}"
