@@ -34,10 +34,11 @@ def _rollout(i: int, group: str, text: str, success: bool, truncated: bool = Fal
                    Outcome(success, float(success), kind, ()), 12, truncated, {"level": 0})
 
 
-def seed_round(workdir: Path, run: str = "tiny") -> tuple[Store, int, int]:
+def seed_round(workdir: Path, run: str = "tiny", url: str | None = None) -> tuple[Store, int, int]:
     """Round 0 of `run` with 6 all-failing groups (well-formed and truncated answers mixed) and
-    2 live groups: dead groups the partial-credit skill can rescue without ordering violations."""
-    store = Store.open(workdir)
+    2 live groups: dead groups the partial-credit skill can rescue without ordering violations.
+    `url`: another store than <workdir>/store.db (tests/test_store_postgres.py)."""
+    store = Store.open(workdir, url)
     run_id = store.get_or_create_run(run, "math", {})
     round_id = store.start_round(run_id, 0, "seed", "base")
     rows, i = [], 0

@@ -19,13 +19,19 @@ TINY = CONFIGS_DIR / "math-tiny.yaml"
 
 
 def test_two_step_round_stores_complete_rollouts_and_resumes(tmp_path, embedded_model_dir):
+    check_round_and_resume(tmp_path)
+
+
+def check_round_and_resume(tmp_path, overrides=()):
+    """A 2-step round stores complete rollouts; a second run resumes. `overrides` (e.g.
+    store.url=...) lets tests/test_store_postgres.py run the same check on another store."""
     from evotrainer.train.loop import open_session, run_training
 
-    cfg = load_config(TINY)
+    cfg = load_config(TINY, list(overrides))
     session = open_session(cfg, tmp_path)
     result = run_training(session)
     assert len(result["rounds"]) == 1
-    store = Store.open(tmp_path)
+    store = Store.open(tmp_path, cfg.store.url)
     rows = list(store.iter_rollouts(run_id=session.run_id))
     g = session.grpo["num_generations"]
     assert len(rows) == 2 * cfg.train.prompts_per_step * g
@@ -59,7 +65,7 @@ def test_two_step_round_stores_complete_rollouts_and_resumes(tmp_path, embedded_
     result2 = run_training(session2, steps=1)
     assert [s.index for s in result2["rounds"]] == [1]
     assert result2["base"] is None  # the base model is not evaluated twice
-    later = list(Store.open(tmp_path).iter_rollouts(round_index=1))
+    later = list(Store.open(tmp_path, cfg.store.url).iter_rollouts(round_index=1))
     assert later and all(r.model_version.startswith("lora-") for r in later)
 
 

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from evotrainer.domains.base import Task
 from evotrainer.frontier.validate import prompt_hash
@@ -82,7 +82,8 @@ def round_history(store: Store, run_id: int) -> list[dict]:
     c = RolloutRow.__table__.c
     with store.engine.connect() as conn:
         train = {idx: (reward, success) for idx, reward, success in conn.execute(
-            select(Round.index, func.avg(c.reward), func.avg(func.cast(c.outcome_success, RolloutRow.reward.type)))
+            # CASE, not CAST: PostgreSQL has no boolean -> float cast
+            select(Round.index, func.avg(c.reward), func.avg(case((c.outcome_success, 1.0), else_=0.0)))
             .join(Round, Round.id == c.round_id).where(c.run_id == run_id).group_by(Round.index))}
     evals: dict[int, list[Mapping]] = {}
     for e in store.evals(run_id):

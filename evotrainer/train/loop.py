@@ -18,13 +18,15 @@ from rich.console import Console
 
 from evotrainer.api import TaskStats
 from evotrainer.config import Config
+from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
 from evotrainer.harness.loader import Harness
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
-from evotrainer.train.evaluate import EvalResult, evaluate
+from evotrainer.train.evaluate import (EvalResult, check_backends, eval_backend_name, evaluate,
+                                       make_eval_backend)
 from evotrainer.workspace import ensure_workspace
 
 
@@ -52,6 +54,7 @@ class Session:
     heldout: dict[int, list[Task]]
     run_id: int
     console: Console
+    eval_backend: object = None  # built on first use; a vLLM engine or a server client lives on
 
     @property
     def grpo(self) -> dict:
@@ -61,19 +64,26 @@ class Session:
 def open_session(config: Config, workdir: Path, console: Console | None = None,
                  harness: Harness | None = None) -> Session:
     console = console or Console(stderr=True)
+    check_backends(config)  # a vLLM config on a machine without CUDA fails here, before any work
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)
     if harness is None:
         # config.harness is only the seed of a new workspace; training reads a commit.
+        if is_main():  # rank 0 creates the workspace; the others find it made (evotrainer/dist.py)
+            ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
+        barrier()
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
     d = config.domain
     domain = get_domain(d.name, levels=tuple(d.levels), source=d.source)
     train_tasks = domain.tasks("train", d.train_size, d.seed)
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
-    store.upsert_tasks(d.name, [_task_row(t) for t in train_tasks])
-    store.upsert_tasks(d.name, [_task_row(t) for ts in heldout.values() for t in ts])
-    run_id = store.get_or_create_run(config.run_name, d.name, config.model_dump(mode="json"))
+    run_id = None
+    if is_main():
+        store.upsert_tasks(d.name, [_task_row(t) for t in train_tasks])
+        store.upsert_tasks(d.name, [_task_row(t) for ts in heldout.values() for t in ts])
+        run_id = store.get_or_create_run(config.run_name, d.name, config.model_dump(mode="json"))
+    run_id = share(run_id)
     return Session(config, workdir, store, harness, domain, train_tasks, heldout, run_id, console)
 
 
@@ -88,9 +98,12 @@ def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
     max_new = session.config.eval.max_new_tokens or session.grpo["max_completion_length"]
     for seed, tasks in session.heldout.items():
         r = evaluate(model, tokenizer, session.domain, session.harness, tasks, seed=seed,
-                     max_new_tokens=max_new, batch_size=session.config.eval.batch_size)
+                     max_new_tokens=max_new, batch_size=session.config.eval.batch_size,
+                     backend=backend)
         session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n,
                                r.successes, {"kinds": dict(r.kinds)})
+    backend = heldout_backend(session, model, tokenizer)
+    backend.use_adapter(adapter)
         results.append(r)
     return results
 
@@ -100,6 +113,16 @@ def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
     stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
     task_stats = [
         stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
+def heldout_backend(session: Session, model, tokenizer):
+    """The eval backend: hf wraps the model in hand; vllm and openai are built once per session."""
+    if eval_backend_name(session.config) == "hf":
+        return make_eval_backend(session.config, model, tokenizer)
+    if session.eval_backend is None:
+        session.eval_backend = make_eval_backend(session.config,
+                                                 lora_rank=int(session.grpo.get("lora_rank", 16)))
+    return session.eval_backend
+
+
         for t in session.train_tasks
     ]
     weights = session.harness.weights(task_stats)
@@ -140,8 +163,26 @@ def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
 
 def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
     """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
+        **vllm_args(session.config),
     from datasets import Dataset
     from transformers import PrinterCallback
+
+def vllm_args(config: Config) -> dict:
+    """GRPOConfig's vllm_* arguments (TRL 1.16) for policy.backend=vllm; none for hf."""
+    if config.policy.backend != "vllm":
+        return {}
+    v = config.policy.vllm
+    args = {"use_vllm": True, "vllm_mode": v.mode, "vllm_enable_sleep_mode": v.enable_sleep_mode,
+            "vllm_max_model_length": v.max_model_length}
+    if v.mode == "colocate":
+        args.update(vllm_gpu_memory_utilization=v.gpu_memory_utilization,
+                    vllm_tensor_parallel_size=v.tensor_parallel_size)
+    else:  # the server's memory and parallelism are `trl vllm-serve` flags, not trainer arguments
+        args.update(vllm_server_base_url=v.server_base_url, vllm_server_host=v.server_host,
+                    vllm_server_port=v.server_port, vllm_server_timeout=v.server_timeout,
+                    vllm_group_port=v.group_port)
+    return args
+
 
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.progress import ProgressCallback
@@ -152,12 +193,14 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     adapters = session.workdir / "adapters" / cfg.run_name
     prev = adapters / f"round-{index - 1}" if index > 0 else None
     model_version = adapter_version(prev if prev and prev.is_dir() else None)
-    round_id = session.store.start_round(session.run_id, index, session.harness.version, model_version)
+    round_id = share(session.store.start_round(session.run_id, index, session.harness.version, model_version)
+                     if is_main() else None)
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed)
     rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
              "task_id": t.task_id} for t in tasks]
     recorder = RolloutRecorder(
-        session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, session.store,
+        session.domain, {t.task_id: t for t in session.train_tasks}, session.harness,
+        GatheredRollouts(session.store) if distributed() else session.store,
         RoundContext(session.run_id, round_id, model_version, session.harness.version, seed),
         stop_token_ids=[tokenizer.eos_token_id, tokenizer.pad_token_id],
     )
@@ -174,8 +217,11 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     elapsed = time.perf_counter() - started
     model = trainer.model
     out = adapters / f"round-{index}"
-    model.save_pretrained(str(out))
-    evals = evaluate_heldout(session, model, tokenizer, round_id, str(out))
+    evals = None
+    if is_main():  # one adapter, one held-out eval; the other ranks wait for its result
+        model.save_pretrained(str(out))
+        evals = evaluate_heldout(session, model, tokenizer, round_id, str(out))
+    evals = share(evals)
     hist = callback.history
     summary = RoundSummary(
         index=index,
@@ -188,7 +234,9 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     summary.metrics = {"heldout_success": summary.heldout_success, "train_reward": summary.train_reward,
                        "train_success": summary.train_success, "step_time": summary.step_time,
                        "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
-    session.store.finish_round(round_id, summary.metrics, str(out))
+    if is_main():
+        session.store.finish_round(round_id, summary.metrics, str(out))
+    barrier()  # the next round reads this one's rollouts and status on every rank
     return model, summary
 
 
@@ -206,8 +254,11 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
         session.console.print(f"[cyan]resuming run {cfg.run_name!r} after round {last[0]} ({adapter})")
     model, tokenizer = load_policy(cfg.policy.model, adapter, trainable=True)
     base = None
-    if not any(e["round_id"] is None and e["adapter"] is None for e in session.store.evals(session.run_id)):
-        base = evaluate_heldout(session, model, tokenizer, None, None)
+    # Rank 0 decides: another rank could read the store after rank 0 has written the base eval.
+    need_base = share(is_main() and not any(e["round_id"] is None and e["adapter"] is None
+                                            for e in session.store.evals(session.run_id)))
+    if need_base:
+        base = share(evaluate_heldout(session, model, tokenizer, None, None) if is_main() else None)
         session.console.print(f"base held-out success: {statistics.fmean(r.success_rate for r in base):.3f}")
     model = build_peft(model, session.grpo)
     summaries = []
