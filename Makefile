@@ -15,7 +15,8 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 ifeq ($(HAS_GPU),1)
-	$(PIP) install -e ".[dev,ray,postgres]"
+	# CUDA machine: the gpu extra adds vLLM (policy.backend=vllm, eval.backend=vllm); docs/scale.md.
+	$(PIP) install -e ".[dev,ray,postgres,gpu]"
 else
 	# CPU build first: with it installed, the project's torch range is already satisfied.
 	$(PIP) install "torch==2.13.0"

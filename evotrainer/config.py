@@ -20,9 +20,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class VLLMConfig(_Strict):
+    """How TRL's `use_vllm` generates (policy.backend=vllm); names follow GRPOConfig's vllm_*."""
+
+    mode: Literal["colocate", "server"] = "colocate"  # colocate: one GPU; server: `trl vllm-serve`
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # colocate: vLLM's share of the GPU
+    tensor_parallel_size: int = Field(1, ge=1)  # colocate only; a server takes its own flag
+    max_model_length: int | None = Field(None, ge=1)
+    enable_sleep_mode: bool = False  # colocate: free vLLM's memory while the trainer steps
+    server_base_url: str | None = None  # server: e.g. http://10.0.0.2:8000 (wins over host/port)
+    server_host: str = "127.0.0.1"
+    server_port: int = Field(8000, ge=1, le=65535)
+    server_timeout: float = Field(240.0, gt=0)  # seconds to wait for the server to come up
+    group_port: int = Field(51216, ge=1, le=65535)  # weight-sync process group (server mode)
+
+
 class PolicyConfig(_Strict):
     model: str = "embedded"  # "embedded" (SmolLM2-135M-Instruct), a local path or a HF model id
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"  # vllm: TRL use_vllm (needs CUDA and the gpu extra)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 class DomainConfig(_Strict):
@@ -46,10 +62,25 @@ class TrainConfig(_Strict):
     gradient_checkpointing: bool = False
 
 
+class EvalServerConfig(_Strict):
+    """An OpenAI-compatible server for eval.backend=openai (e.g. `vllm serve --enable-lora`)."""
+
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1
+    model: str | None = None  # the served base model's name; None: the first /v1/models lists
+    api_key_env: str = "EVOTRAINER_EVAL_API_KEY"  # the env var that holds the key, never the key
+    load_adapter: bool = True  # POST /v1/load_lora_adapter (vLLM runtime LoRA) for the adapter
+    concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+
+
 class EvalConfig(_Strict):
     seeds: list[int] = Field(default_factory=lambda: [0])
     batch_size: int = Field(32, ge=1)
     max_new_tokens: int | None = None  # None: the harness's max_completion_length
+    # auto: vllm when policy.backend is vllm, else hf; openai: any OpenAI-compatible server
+    backend: Literal["auto", "hf", "vllm", "openai"] = "auto"
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # eval's own vLLM engine
+    server: EvalServerConfig = Field(default_factory=EvalServerConfig)
 
 
 class StoreConfig(_Strict):

@@ -7,6 +7,12 @@ reply, and records every request (path, headers, JSON body) for the test to insp
 A scripted reply is a string (the assistant's content), or a dict with `content` and optionally
 `finish_reason`, or `{"status": 401, "message": ...}` for an HTTP error. With no reply left the
 server answers 400 (the SDK does not retry that), so a test that under-scripts fails fast.
+
+For concurrent clients, whose request order is not fixed, `responder(body) -> reply` answers each
+request from its content instead of the script. `POST /v1/load_lora_adapter` behaves as vLLM's
+runtime LoRA endpoint: it records the adapter (200), answers 400 for a name already loaded or a
+path without adapter_config.json, and a loaded adapter is then listed by `/v1/models` and
+accepted as a completion's `model`.
 """
 
 from __future__ import annotations
@@ -17,14 +23,18 @@ import threading
 import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 
 class ChatServer:
     """`with ChatServer(["reply", ...]) as server:` serves on `server.url` (ends in /v1)."""
 
-    def __init__(self, replies: Iterable[str | dict[str, Any]] = (), model: str = "test-model"):
+    def __init__(self, replies: Iterable[str | dict[str, Any]] = (), model: str = "test-model",
+                 responder: Callable[[dict[str, Any]], str | dict[str, Any]] | None = None):
         self.model = model
+        self.responder = responder
+        self.adapters: dict[str, str] = {}  # lora_name -> lora_path, as loaded at runtime
         self.replies: deque[str | dict[str, Any]] = deque(replies)
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -67,9 +77,23 @@ class ChatServer:
                                   "headers": {k.lower(): v for k, v in handler.headers.items()},
                                   "body": body})
 
-    def _next_reply(self) -> str | dict[str, Any] | None:
+    def _next_reply(self, body: dict[str, Any]) -> str | dict[str, Any] | None:
+        if self.responder is not None:
+            return self.responder(body)
         with self._lock:
             return self.replies.popleft() if self.replies else None
+
+    def load_adapter(self, body: dict[str, Any]) -> tuple[int, str]:
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return 400, "lora_name and lora_path are required"
+        with self._lock:
+            if name in self.adapters:
+                return 400, f"The lora adapter '{name}' has already been loaded."
+            if not (Path(path) / "adapter_config.json").is_file():
+                return 400, f"No adapter found at {path}"
+            self.adapters[name] = path
+        return 200, f"Success: LoRA adapter '{name}' added successfully."
 
     def completion(self, body: dict[str, Any], reply: str | dict[str, Any]) -> dict[str, Any]:
         content = reply if isinstance(reply, str) else reply.get("content")
@@ -109,8 +133,9 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             server._record(self, None)
             if self.path.rstrip("/") == "/v1/models":
+                names = [server.model, *server.adapters]
                 self._send(200, {"object": "list", "data": [
-                    {"id": server.model, "object": "model", "created": 0, "owned_by": "evotrainer-tests"}]})
+                    {"id": n, "object": "model", "created": 0, "owned_by": "evotrainer-tests"} for n in names]})
             else:
                 self._error(404, f"no route {self.path}", "not_found_error")
 
@@ -123,13 +148,24 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 server._record(self, raw.decode(errors="replace"))
                 return self._error(400, "request body is not JSON")
             server._record(self, body)
+            if self.path.rstrip("/") == "/v1/load_lora_adapter":
+                status, text = server.load_adapter(body)
+                data = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if self.path.rstrip("/") != "/v1/chat/completions":
                 return self._error(404, f"no route {self.path}", "not_found_error")
             if not isinstance(body.get("messages"), list) or not body.get("model"):
                 return self._error(400, "model and messages are required")
             if body.get("stream"):
                 return self._error(400, "this test server does not stream")
-            reply = server._next_reply()
+            if server.adapters and body["model"] not in (server.model, *server.adapters):
+                return self._error(404, f"The model `{body['model']}` does not exist.", "not_found_error")
+            reply = server._next_reply(body)
             if reply is None:
                 return self._error(400, "the test server has no scripted reply left")
             if isinstance(reply, dict) and "status" in reply:

@@ -202,5 +202,11 @@ def test_status_and_report_commands(workspace, tmp_path):
     assert run("status", "--workdir", str(tmp_path / "nowhere")).returncode == 2
     shown = run("rollouts", "show", "r0-6-00", "--workdir", str(workspace))
     assert shown.returncode == 0 and "Answer: 4" in shown.stdout
+    with Store.open(workspace) as store:
+        swe_id = next(store.iter_rollouts(domain="swe")).rollout.id
+    trajectory = run("rollouts", "show", swe_id, "--workdir", str(workspace))
+    assert trajectory.returncode == 0, trajectory.stderr
+    for needle in ("turn 1 · system", "turn 3 · assistant", "patch", "grader, per test", "test_shapes.py::test_high"):
+        assert needle in trajectory.stdout, needle
     state = json.loads((workspace / "coevolve.json").read_text())
     assert state["round"] == 3

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evotrainer.api import OUTCOME_KINDS
+from evotrainer.report.rollout_pages import looks_like_patch, per_test
 from evotrainer.store import ImportErrors, Store, StoredRollout, export_jsonl, import_jsonl
 from evotrainer.store.jsonl import to_export_dict
 
@@ -143,14 +144,29 @@ def _render(sr: StoredRollout) -> Group:
         parts.append(comps)
     # Text(), never markup: completions are full of [brackets] that rich would eat.
     parts.append(Panel(Text(r.prompt), title="prompt", title_align="left", border_style="blue"))
-    for i, turn in enumerate(r.turns):
-        parts.append(Panel(Text(turn.content), title=Text(f"{i + 1}. {turn.role}"),
-                           title_align="left", border_style="magenta"))
-    if r.completion or not r.turns:
+    styles = {"assistant": "magenta", "user": "blue", "system": "dim", "tool": "cyan"}
+    for i, turn in enumerate(r.turns):  # a multi-turn trajectory reads turn by turn
+        parts.append(Panel(Text(turn.content), title=Text(f"turn {i + 1} · {turn.role}"),
+                           title_align="left", border_style=styles.get(turn.role, "magenta")))
+    if r.completion and looks_like_patch(r.completion):
+        from rich.syntax import Syntax
+
+        parts.append(Panel(Syntax(r.completion, "diff", word_wrap=True), title="patch", title_align="left",
+                           border_style="green" if o.success else "red"))
+    elif r.completion or not r.turns:
         parts.append(Panel(Text(r.completion), title="completion", title_align="left",
                            border_style="green" if o.success else "red"))
-    if r.meta:
-        parts.append(Panel(Text(json.dumps(dict(r.meta), indent=2, sort_keys=True,
+    tests = per_test(dict(r.meta))
+    if tests:
+        graded = Table(title="grader, per test", title_justify="left")
+        graded.add_column("test")
+        graded.add_column("result")
+        for name, status in tests:
+            graded.add_row(Text(name), Text(status, style="green" if status == "passed" else "red"))
+        parts.append(graded)
+    meta = {k: v for k, v in r.meta.items() if k not in ("per_test", "tests") or not tests}
+    if meta:
+        parts.append(Panel(Text(json.dumps(meta, indent=2, sort_keys=True,
                                            ensure_ascii=False, default=str)),
                            title="meta", title_align="left", border_style="dim"))
     return Group(*parts)

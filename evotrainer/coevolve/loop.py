@@ -19,6 +19,7 @@ from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
 from evotrainer.coevolve.state import Candidate, Pending, RunState
 from evotrainer.coevolve.verify import Verdict, verify
 from evotrainer.config import Config
+from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.store import Store
 from evotrainer.workspace import Workspace, ensure_workspace
@@ -35,6 +36,9 @@ class Coevolution:
         self.config = config
         self.console = console or Console(stderr=True)
         self.approve = approve
+        if is_main():  # in a multi-rank launch rank 0 alone writes the workspace (evotrainer/dist.py)
+            ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
+        barrier()
         self.ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         self.repo = HarnessRepo(self.ws.harnesses)
         self.state_path = self.ws.root / "coevolve.json"
@@ -71,11 +75,18 @@ class Coevolution:
         start = names.index(state.stage) if state.stage in names else len(names)
         self.report = None
         for name, fn in steps[start:]:
-            self.console.rule(f"[bold]round {k} · {name}")
-            fn(state)
+            # Every rank trains (DDP); the outer loop's stages and the state file are rank 0's.
+            if name == "train" or is_main():
+                self.console.rule(f"[bold]round {k} · {name}")
+                fn(state)
             nxt = names[names.index(name) + 1] if name != "promote" else "done"
-            state.advance(nxt, self.state_path)
-        self._finish_round(state)
+            if is_main():
+                state.advance(nxt, self.state_path)
+        if is_main():
+            self._finish_round(state)
+        barrier()
+        if not is_main():  # take up the round as rank 0 left it (promotions, next round number)
+            vars(state).update(vars(RunState.load(self.state_path)))
 
     # -- stages ------------------------------------------------------------------------------
 

@@ -1,14 +1,19 @@
 """Held-out evaluation: greedy decoding, fixed seeds, the trusted check, nothing from the harness
-but the prompt template and the completion length."""
+but the prompt template and the completion length. The generation backend (hf, vllm, openai)
+only produces text; success is always computed here by the domain's trusted check."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from evotrainer.domains.base import Domain, Task
 from evotrainer.harness.loader import Harness
+from evotrainer.policy.backends import GenerationBackend, get_backend, require_vllm
+# Re-exported: the hf helpers used to live here.
+from evotrainer.policy.hf_backend import HFBackend, chat_prompt, generate_greedy  # noqa: F401
 
 
 @dataclass
@@ -23,62 +28,55 @@ class EvalResult:
         return self.successes / self.n if self.n else 0.0
 
 
-def chat_prompt(tokenizer, text: str) -> str:
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
+def eval_backend_name(config) -> str:
+    """`auto` follows the policy: a vLLM-trained policy is evaluated with vLLM too."""
+    name = config.eval.backend
+    if name == "auto":
+        return "vllm" if config.policy.backend == "vllm" else "hf"
+    return name
 
 
-def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int,
-                    batch_size: int, on_batch: Callable[[int], None] | None = None):
-    """Return [(text, truncated, num_tokens)] for chat-formatted prompts, greedy decoded."""
-    import torch
+def check_backends(config) -> None:
+    """Fail before any work when the configured backends cannot run on this machine."""
+    if config.policy.backend == "vllm":
+        require_vllm("policy.backend=vllm")
+    if eval_backend_name(config) == "vllm":
+        require_vllm("eval.backend=vllm")
 
-    eos_ids = {tokenizer.eos_token_id}
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    was_training = model.training
-    model.eval()
-    # A model fresh from the trainer may have gradient checkpointing on, which turns the KV
-    # cache off: generation then recomputes the whole prefix for every new token.
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    checkpointing = getattr(base, "is_gradient_checkpointing", False)
-    if checkpointing:
-        base.gradient_checkpointing_disable()
-    out: list[tuple[str, bool, int]] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
-            enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     use_cache=True, pad_token_id=tokenizer.pad_token_id)
-            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
-                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
-                body = row if end is None else row[:end]
-                text = tokenizer.decode(body, skip_special_tokens=True)
-                out.append((text, end is None, len(body) + (0 if end is None else 1)))
-            if on_batch:
-                on_batch(len(chunk))
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-        if checkpointing:
-            base.gradient_checkpointing_enable()
-    return out
+
+def make_eval_backend(config, model=None, tokenizer=None, lora_rank: int = 16) -> GenerationBackend:
+    """Build the configured eval backend. `hf` wraps the given model; the others are built once
+    per session and switch adapters per round."""
+    name = eval_backend_name(config)
+    if name == "hf":
+        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=config.eval.batch_size)
+    if name == "vllm":
+        from evotrainer.policy import resolve_model
+
+        return get_backend("vllm", model_path=resolve_model(config.policy.model), lora_rank=lora_rank,
+                           gpu_memory_utilization=config.eval.vllm_gpu_memory_utilization,
+                           seed=config.train.seed)
+    s = config.eval.server
+    return get_backend("openai", base_url=s.base_url, model=s.model, api_key=os.environ.get(s.api_key_env),
+                       load_adapter=s.load_adapter, concurrency=s.concurrency, timeout_s=s.timeout_s)
 
 
 def evaluate(model, tokenizer, domain: Domain, harness: Harness, tasks: Sequence[Task], *,
              seed: int, max_new_tokens: int, batch_size: int,
-             on_batch: Callable[[int], None] | None = None) -> EvalResult:
+             on_batch: Callable[[int], None] | None = None,
+             backend: GenerationBackend | None = None) -> EvalResult:
+    """Score `tasks` greedily. Without a backend, generate with `model` through transformers."""
     import torch
 
     torch.manual_seed(seed)
-    prompts = [chat_prompt(tokenizer, harness.render_prompt(question=t.prompt)) for t in tasks]
+    backend = backend or HFBackend(model, tokenizer, batch_size)
+    prompts = [harness.render_prompt(question=t.prompt) for t in tasks]
     result = EvalResult(seed=seed, n=len(tasks), successes=0)
-    for task, (text, truncated, _) in zip(
-        tasks, generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size, on_batch)
-    ):
+    generations = backend.generate(prompts, max_new_tokens, on_batch)
+    if len(generations) != len(tasks):
+        raise RuntimeError(f"{backend.name} backend returned {len(generations)} completions "
+                           f"for {len(tasks)} prompts")
+    for task, (text, truncated, _) in zip(tasks, generations):
         outcome = domain.check(task, text, truncated)
         result.successes += int(outcome.success)
         result.kinds[outcome.kind] += 1

@@ -96,23 +96,18 @@ def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
                      adapter: str | None) -> list[EvalResult]:
     results = []
     max_new = session.config.eval.max_new_tokens or session.grpo["max_completion_length"]
+    backend = heldout_backend(session, model, tokenizer)
+    backend.use_adapter(adapter)
     for seed, tasks in session.heldout.items():
         r = evaluate(model, tokenizer, session.domain, session.harness, tasks, seed=seed,
                      max_new_tokens=max_new, batch_size=session.config.eval.batch_size,
                      backend=backend)
         session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n,
                                r.successes, {"kinds": dict(r.kinds)})
-    backend = heldout_backend(session, model, tokenizer)
-    backend.use_adapter(adapter)
         results.append(r)
     return results
 
 
-def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
-    """Draw the round's prompts with the harness curriculum's weights over per-task history."""
-    stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
-    task_stats = [
-        stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
 def heldout_backend(session: Session, model, tokenizer):
     """The eval backend: hf wraps the model in hand; vllm and openai are built once per session."""
     if eval_backend_name(session.config) == "hf":
@@ -123,6 +118,11 @@ def heldout_backend(session: Session, model, tokenizer):
     return session.eval_backend
 
 
+def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
+    """Draw the round's prompts with the harness curriculum's weights over per-task history."""
+    stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
+    task_stats = [
+        stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
         for t in session.train_tasks
     ]
     weights = session.harness.weights(task_stats)
@@ -158,14 +158,9 @@ def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
         use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
         gradient_checkpointing=t.gradient_checkpointing,
         mask_truncated_completions=bool(g.get("mask_truncated_completions", False)),
+        **vllm_args(session.config),
     )
 
-
-def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
-    """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
-        **vllm_args(session.config),
-    from datasets import Dataset
-    from transformers import PrinterCallback
 
 def vllm_args(config: Config) -> dict:
     """GRPOConfig's vllm_* arguments (TRL 1.16) for policy.backend=vllm; none for hf."""
@@ -183,6 +178,11 @@ def vllm_args(config: Config) -> dict:
                     vllm_group_port=v.group_port)
     return args
 
+
+def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
+    """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
 
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.progress import ProgressCallback

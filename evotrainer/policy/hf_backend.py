@@ -1,0 +1,74 @@
+"""The `hf` generation backend: greedy transformers `generate` on the in-memory policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from evotrainer.policy.backends import Generation
+
+
+def chat_prompt(tokenizer, text: str) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int,
+                    batch_size: int, on_batch: Callable[[int], None] | None = None) -> list[Generation]:
+    """Return [(text, truncated, num_tokens)] for chat-formatted prompts, greedy decoded."""
+    import torch
+
+    eos_ids = {tokenizer.eos_token_id}
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    was_training = model.training
+    model.eval()
+    # A model fresh from the trainer may have gradient checkpointing on, which turns the KV
+    # cache off: generation then recomputes the whole prefix for every new token.
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    checkpointing = getattr(base, "is_gradient_checkpointing", False)
+    if checkpointing:
+        base.gradient_checkpointing_disable()
+    device = next(model.parameters()).device
+    out: list[Generation] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start:start + batch_size]
+            enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(device) for k, v in enc.items()}
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                     use_cache=True, pad_token_id=tokenizer.pad_token_id)
+            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
+                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+                body = row if end is None else row[:end]
+                text = tokenizer.decode(body, skip_special_tokens=True)
+                out.append(Generation(text, end is None, len(body) + (0 if end is None else 1)))
+            if on_batch:
+                on_batch(len(chunk))
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+        if checkpointing:
+            base.gradient_checkpointing_enable()
+    return out
+
+
+class HFBackend:
+    """Generates with the model object it is given. An adapter is evaluated by loading it into
+    that object (the trainer's PeftModel, or load_policy(..., adapter)), so `use_adapter` has
+    nothing to switch."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, batch_size: int = 32):
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+
+    def use_adapter(self, adapter: str | Path | None) -> None:
+        pass
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int,
+                 on_batch: Callable[[int], None] | None = None) -> list[Generation]:
+        texts = [chat_prompt(self.tokenizer, p) for p in prompts]
+        return generate_greedy(self.model, self.tokenizer, texts, max_new_tokens, self.batch_size, on_batch)
