@@ -153,22 +153,22 @@ def test_cached_backend_reuses_generations_within_one_adapter_version(tmp_path, 
 
     domain = get_domain("math", levels=(0,))
     harness = Harness(read_sources(HARNESSES_DIR / "math"), HARNESSES_DIR / "math")
-    tasks = domain.tasks("heldout", 3, 0)
+    tasks = domain.tasks("heldout", 2, 0)
     cache = RolloutCache(tmp_path / "cache")
     backend = CachedBackend(Greedy(), cache, "embedded")
     adapter = tmp_path / "round-0"
     get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(adapter)
     backend.use_adapter(adapter)
-    first = evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=8, batch_size=8, backend=backend)
-    second = evaluate(model, tok, domain, harness, tasks, seed=1, max_new_tokens=8, batch_size=8, backend=backend)
-    assert calls == [3] and cache.hits == 3 and first.successes == second.successes
+    first = evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=4, batch_size=8, backend=backend)
+    second = evaluate(model, tok, domain, harness, tasks, seed=1, max_new_tokens=4, batch_size=8, backend=backend)
+    assert calls == [2] and cache.hits == 2 and first.successes == second.successes
     other = tmp_path / "round-1"
     shutil.copytree(adapter, other)
     weights = other / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)  # other weights: another version
     backend.use_adapter(other)
-    evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=8, batch_size=8, backend=backend)
-    assert calls == [3, 3]
+    evaluate(model, tok, domain, harness, tasks, seed=0, max_new_tokens=4, batch_size=8, backend=backend)
+    assert calls == [2, 2]
 
 
 # ---------------------------------------------------------------- held-out guard
