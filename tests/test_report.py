@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -187,25 +186,35 @@ def test_every_page_in_headless_chromium(workspace, tmp_path, artifacts_dir):
 
 @pytest.mark.slow
 def test_status_and_report_commands(workspace, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "evotrainer", *a], capture_output=True,  # noqa: E731
-                                    text=True, timeout=300)
+    """In-process through the real typer app (a subprocess per command costs seconds of imports)."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli import main as cli
+
+    if not any(getattr(c, "name", None) == "report" for c in cli.app.registered_commands):
+        cli._register_subapps()
+
+    def run(*args: str):
+        res = CliRunner().invoke(cli.app, list(args), env={"COLUMNS": "160"})
+        return res
+
     status = run("status", "--workdir", str(workspace))
-    assert status.returncode == 0, status.stderr
+    assert status.exit_code == 0, status.output
     for needle in ("round", "3", "stage", "train", "heldout success", "candidate/0-"):
         assert needle in status.stdout, needle
     out = tmp_path / "cli-site"
     made = run("report", "--workdir", str(workspace), "--out", str(out))
-    assert made.returncode == 0, made.stderr
-    assert Path(made.stdout.strip()) == (out / "index.html").resolve() and "pages" in made.stderr
+    assert made.exit_code == 0, made.output
+    assert str((out / "index.html").resolve()) in made.stdout and "pages" in made.output
     missing = run("report", "--workdir", str(tmp_path / "nowhere"))
-    assert missing.returncode == 2 and "no such workspace" in missing.stderr
-    assert run("status", "--workdir", str(tmp_path / "nowhere")).returncode == 2
+    assert missing.exit_code == 2 and "no such workspace" in missing.output
+    assert run("status", "--workdir", str(tmp_path / "nowhere")).exit_code == 2
     shown = run("rollouts", "show", "r0-6-00", "--workdir", str(workspace))
-    assert shown.returncode == 0 and "Answer: 4" in shown.stdout
+    assert shown.exit_code == 0 and "Answer: 4" in shown.stdout
     with Store.open(workspace) as store:
         swe_id = next(store.iter_rollouts(domain="swe")).rollout.id
     trajectory = run("rollouts", "show", swe_id, "--workdir", str(workspace))
-    assert trajectory.returncode == 0, trajectory.stderr
+    assert trajectory.exit_code == 0, trajectory.output
     for needle in ("turn 1 · system", "turn 3 · assistant", "patch", "grader, per test", "test_shapes.py::test_high"):
         assert needle in trajectory.stdout, needle
     state = json.loads((workspace / "coevolve.json").read_text())
