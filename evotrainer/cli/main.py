@@ -47,6 +47,7 @@ def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain:
 def _register_subapps() -> None:
     from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
     from evotrainer.cli.diagnose import diagnose_cmd
+    from evotrainer.cli.experience import app as experience_app
     from evotrainer.cli.grade import grade_cmd
     from evotrainer.cli.harness import app as harness_app
     from evotrainer.cli.report import report_cmd
@@ -67,6 +68,7 @@ def _register_subapps() -> None:
     app.command("judge")(judge_cmd)
     app.command("review")(review_cmd)
     app.add_typer(skills_app, name="skills")
+    app.add_typer(experience_app, name="experience")
     app.add_typer(tasks_app, name="tasks")
     app.command("report")(report_cmd)
     app.command("status")(status_cmd)

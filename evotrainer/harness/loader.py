@@ -16,7 +16,7 @@ import itertools
 import math
 import numbers
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
@@ -124,6 +124,16 @@ GRPO_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 
+# The experience pool (evotrainer/experience): the share of training rollouts whose prompt
+# carries the k stored lessons most similar to their task (cosine similarity >= min_score).
+EXPERIENCE_KEYS: dict[str, Callable[[Any], Any]] = {
+    "share": _number(0.0, 1.0),
+    "k": _integer(1),
+    "min_score": _number(-1.0, 1.0),
+}
+EXPERIENCE_DEFAULTS = {"share": 0.0, "k": 2, "min_score": -1.0}
+
+
 @dataclass(frozen=True)
 class HarnessSpec:
     """The parsed harness.yaml. `raw` keeps every top-level section, known or not."""
@@ -131,6 +141,7 @@ class HarnessSpec:
     grpo: dict
     reward_weights: dict[str, float]
     raw: dict
+    experience: dict = field(default_factory=lambda: dict(EXPERIENCE_DEFAULTS))
 
 
 def parse_spec(text: str) -> HarnessSpec:
@@ -170,7 +181,20 @@ def parse_spec(text: str) -> HarnessSpec:
             weights[key] = _number(-math.inf)(value)
         except ValueError as exc:
             raise HarnessError(f"{SPEC_FILE}: reward_weights.{key} {exc}") from None
-    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw)
+    experience_raw = raw.get("experience") or {}
+    if not isinstance(experience_raw, dict):
+        raise HarnessError(f"{SPEC_FILE}: experience must be a mapping, got {type(experience_raw).__name__}")
+    unknown = sorted(str(k) for k in experience_raw if k not in EXPERIENCE_KEYS)
+    if unknown:
+        raise HarnessError(f"{SPEC_FILE}: unknown experience key(s) {', '.join(unknown)}; "
+                           f"known: {', '.join(EXPERIENCE_KEYS)}")
+    experience = dict(EXPERIENCE_DEFAULTS)
+    for key, value in experience_raw.items():
+        try:
+            experience[key] = EXPERIENCE_KEYS[key](value)
+        except ValueError as exc:
+            raise HarnessError(f"{SPEC_FILE}: experience.{key} {exc}") from None
+    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw, experience=experience)
 
 
 # ---------------------------------------------------------------- return-value validators

@@ -14,6 +14,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -150,6 +151,7 @@ class Backtest(Base):
     report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+
 class JudgeVerdictRow(Base):
     """One judge role's verdict on one rollout: a proxy signal, never a verified outcome.
 
@@ -190,5 +192,37 @@ class JudgeReview(Base):
     labelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class Lesson(Base):
+    """A lesson of the experience pool (evotrainer/experience), distilled from stored rollouts.
+
+    The id is a hash of domain and text, so distilling the same lesson again updates one row."""
+
+    __tablename__ = "lessons"
+    __table_args__ = (Index("ix_lessons_domain", "domain"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    domain: Mapped[str] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16))  # "rules" | "llm"
+    kind: Mapped[str] = mapped_column(String(64))  # the rule, or the failure kind it addresses
+    support: Mapped[int] = mapped_column(Integer, default=0)  # failed rollouts behind it
+    evidence: Mapped[list[Any]] = mapped_column(JSON, default=list)  # a sample of their ids
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class LessonEmbedding(Base):
+    """The embedding cache of lessons: one float32 vector per (lesson, embedding model)."""
+
+    __tablename__ = "lesson_embeddings"
+
+    lesson_id: Mapped[str] = mapped_column(ForeignKey("lessons.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    dim: Mapped[int] = mapped_column(Integer)
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float32, dim values
+
+
 __all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "Backtest", "JudgeVerdictRow", "JudgeReview",
            "utcnow"]
+__all__ += ["Lesson", "LessonEmbedding"]

@@ -12,21 +12,30 @@ from __future__ import annotations
 import torch
 from trl import GRPOTrainer
 
+from evotrainer.experience.inject import ExperienceInjector
 from evotrainer.train.credit import Labeller, StepCredit
 from evotrainer.train.recorder import RolloutRecorder
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
-    def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None, **kwargs):
+    def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
+                 experience: ExperienceInjector | None = None, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
         # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
+        # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
+        self.experience = experience
 
     def _generate_and_score_completions(self, inputs):
+        if self.experience is not None and self.model.training:
+            inputs = self.experience.inject(inputs)
+        self.batch_inputs = inputs  # a rollout_func sees only prompts; train/rollout.py reads the task ids here
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return output
+        if self.experience is not None:  # the loss sees clean prompts (experience/inject.py)
+            output = self.experience.strip(self, output)
         advantages = output["advantages"]
         kept = self.recorder.finalize(advantages.tolist(), self.num_generations)
         keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)

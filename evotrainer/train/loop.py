@@ -184,6 +184,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     from datasets import Dataset
     from transformers import PrinterCallback
 
+    from evotrainer.experience import ExperiencePool
+    from evotrainer.experience.inject import ExperienceInjector
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.progress import ProgressCallback
     from evotrainer.train.recorder import RolloutRecorder, RoundContext
@@ -198,6 +200,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed)
     rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
              "task_id": t.task_id} for t in tasks]
+    # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py)
+    experience = ExperienceInjector.from_harness(session.harness, ExperiencePool(session.store), cfg.domain.name, seed)
     recorder = RolloutRecorder(
         session.domain, {t.task_id: t for t in session.train_tasks}, session.harness,
         GatheredRollouts(session.store) if distributed() else session.store,
@@ -209,7 +213,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     trainer = HarnessGRPOTrainer(
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        recorder=recorder, callbacks=[callback],
+        recorder=recorder, callbacks=[callback], experience=experience,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     started = time.perf_counter()

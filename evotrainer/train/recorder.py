@@ -51,7 +51,7 @@ class RolloutRecorder:
         self.pending: list[tuple[Rollout, dict[str, float], float]] = []
         self.step = 0
 
-    def __call__(self, prompts, completions, completion_ids, task_id, **_: Any) -> list[float]:
+    def __call__(self, prompts, completions, completion_ids, task_id, experience=None, **_: Any) -> list[float]:
         self.pending = []
         rewards = []
         n = len(prompts)
@@ -73,6 +73,11 @@ class RolloutRecorder:
                 truncated=truncated,
                 meta={"level": task.level, "answer": task.answer, "split": task.split},
             )
+            if experience is not None and experience[i]:
+                # Experience-guided (experience/inject.py): stored and rewarded with its clean
+                # prompt; meta names the lessons the policy was shown.
+                rollout = replace(rollout, prompt=completion_text(experience[i]["prompt"]),
+                                  meta={**rollout.meta, "experience": list(experience[i]["lessons"])})
             components = self.harness.reward(rollout)
             reward = self.harness.training_reward(components)
             self.pending.append((rollout, components, reward))
