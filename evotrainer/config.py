@@ -41,6 +41,18 @@ class PolicyConfig(_Strict):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
+class AgentScaffoldConfig(_Strict):
+    """Limits of one `agent` scaffold episode (swe, domain.scaffold=agent): evotrainer/scaffold/agent.py."""
+
+    max_turns: int = Field(8, ge=1)  # policy replies; then the episode ends as step_limit
+    max_new_tokens: int = Field(128, ge=1)  # per reply
+    time_limit_s: float = Field(300.0, gt=0)  # per episode; then it ends as timeout
+    max_format_errors: int = Field(3, ge=1)  # replies in a row without a valid action: format_error
+    max_context_tokens: int = Field(4096, ge=256)  # prompt + all turns; beyond it: context_limit
+    max_observation_chars: int = Field(2000, ge=200)  # a tool's output is cut in the middle beyond it
+    test_timeout_s: float = Field(60.0, gt=0)  # one run_tests call
+
+
 class DomainConfig(_Strict):
     name: Literal["math", "code", "swe"] = "math"
     levels: list[int] = Field(default_factory=lambda: [0, 1])
@@ -49,6 +61,15 @@ class DomainConfig(_Strict):
     train_size: int = Field(256, ge=1)
     heldout_size: int = Field(64, ge=1)
     seed: int = 0
+    # swe only: edit (one turn, SEARCH/REPLACE) or agent (multi-turn tools, trained via TRL rollout_func)
+    scaffold: Literal["edit", "agent"] = "edit"
+    agent: AgentScaffoldConfig = Field(default_factory=AgentScaffoldConfig)
+
+    @model_validator(mode="after")
+    def _scaffold_domain(self) -> "DomainConfig":
+        if self.scaffold == "agent" and self.name != "swe":
+            raise ValueError(f"scaffold 'agent' is for the swe domain, not {self.name!r}")
+        return self
 
 
 class TrainConfig(_Strict):

@@ -11,7 +11,8 @@ clean snapshot and the task file hidden. Endings (`AgentResult.exit_status`):
 - format_error: `max_format_errors` replies in a row without a valid action;
 - step_limit: `max_steps` actions without a submit;
 - timeout: the episode's wall-clock budget ran out;
-- stopped: the harness's `stop(turns)` rule cut the trajectory (its reason is kept).
+- stopped: the harness's `stop(turns)` rule cut the trajectory (its reason is kept);
+- context_limit: the policy raised ContextLimit (the trajectory no longer fits its context).
 
 Only `submitted` is graded; the others are not successes (kind format_error, truncated, timeout).
 """
@@ -28,7 +29,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -40,13 +41,17 @@ from evotrainer.tasks import repos
 
 Policy = Callable[[list[dict[str, str]]], str]
 TOOLS = ("view", "search", "edit", "run_tests", "submit")
-EXIT_STATUSES = ("submitted", "format_error", "step_limit", "timeout", "stopped")
+EXIT_STATUSES = ("submitted", "format_error", "step_limit", "timeout", "stopped", "context_limit")
 _env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templates"))),
                    undefined=StrictUndefined, keep_trailing_newline=False)
 
 
 class FormatError(ValueError):
     """A reply without exactly one valid action."""
+
+
+class ContextLimit(Exception):
+    """Raised by a policy that cannot reply because the conversation no longer fits its context."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,7 @@ def _execute(env: RepoEnv, action: Action) -> str:
 
 def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_s: float = 600.0,
               max_format_errors: int = 3, stop: Callable[[Sequence[Turn]], str | None] | None = None,
-              test_timeout_s: float = 60.0, grade_timeout_s: float = 60.0) -> AgentResult:
+              test_timeout_s: float = 60.0, grade_timeout_s: float = 60.0, max_output: int = 4000) -> AgentResult:
     """Run one episode of `policy` on `task`; never raises for anything the policy does."""
     from evotrainer.domains.swe import grade_outcome  # the domain owns the outcome flags
 
@@ -245,7 +250,7 @@ def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_
                 {"role": "user", "content": _env.get_template("agent_task.md.j2").render(
                     problem_statement=task.problem_statement.strip())}]
     status, reason, steps, bad = "step_limit", "", 0, 0
-    env = RepoEnv(task, test_timeout_s)
+    env = RepoEnv(task, test_timeout_s, max_output)
     try:
         while True:
             if steps >= max_steps:
@@ -254,7 +259,11 @@ def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_
             if time.monotonic() - started > time_limit_s:
                 status = "timeout"
                 break
-            reply = policy([dict(m) for m in messages])
+            try:
+                reply = policy([dict(m) for m in messages])
+            except ContextLimit:
+                status = "context_limit"
+                break
             reply = reply if isinstance(reply, str) else str(reply)
             messages.append({"role": "assistant", "content": reply})
             steps += 1
@@ -300,14 +309,16 @@ def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_
     return AgentResult(status, patch, turns, outcome, steps, time.monotonic() - started, reason)
 
 
-def to_rollout(task: SweTask, result: AgentResult, group_id: str = "", num_tokens: int = 0) -> Rollout:
+def to_rollout(task: SweTask, result: AgentResult, group_id: str = "", num_tokens: int = 0,
+               meta: Mapping[str, Any] | None = None) -> Rollout:
     """The trajectory as an api.Rollout (prompt = the first user message, completion = the diff)."""
     first_user = next((t.content for t in result.turns if t.role == "user"), "")
     return Rollout(id=uuid.uuid4().hex, task_id=task.instance_id, group_id=group_id, domain="swe",
                    prompt=first_user, completion=result.patch, turns=result.turns, outcome=result.outcome,
-                   num_tokens=num_tokens, truncated=result.exit_status in ("step_limit", "timeout", "stopped"),
+                   num_tokens=num_tokens,
+                   truncated=result.exit_status in ("step_limit", "timeout", "stopped", "context_limit"),
                    meta={"level": task.level, "exit_status": result.exit_status, "steps": result.steps,
-                         "scaffold": "agent", "stop_reason": result.reason})
+                         "scaffold": "agent", "stop_reason": result.reason, **(meta or {})})
 
 
 class HFPolicy:
@@ -349,5 +360,5 @@ class ScriptedPolicy:
         return reply
 
 
-__all__ = ["Action", "AgentResult", "FormatError", "HFPolicy", "RepoEnv", "ScriptedPolicy", "EXIT_STATUSES", "TOOLS",
+__all__ = ["Action", "AgentResult", "ContextLimit", "FormatError", "HFPolicy", "RepoEnv", "ScriptedPolicy", "EXIT_STATUSES", "TOOLS",
            "parse_action", "run_agent", "to_rollout"]

@@ -75,7 +75,8 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
     d = config.domain
-    domain = get_domain(d.name, levels=tuple(d.levels), source=d.source)
+    domain = get_domain(d.name, levels=tuple(d.levels), source=d.source,
+                        **({"scaffold": d.scaffold} if d.name == "swe" else {}))
     train_tasks = domain.tasks("train", d.train_size, d.seed)
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     run_id = None
@@ -94,6 +95,10 @@ def _task_row(t: Task) -> dict:
 
 def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
                      adapter: str | None) -> list[EvalResult]:
+    if session.config.domain.scaffold == "agent":  # multi-turn episodes: train/rollout.py
+        from evotrainer.train.rollout import evaluate_heldout_agent
+
+        return evaluate_heldout_agent(session, model, tokenizer, round_id, adapter)
     results = []
     max_new = session.config.eval.max_new_tokens or session.grpo["max_completion_length"]
     backend = heldout_backend(session, model, tokenizer)
@@ -200,6 +205,13 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed)
     rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
              "task_id": t.task_id} for t in tasks]
+    scaffold_kwargs = {}
+    if cfg.domain.scaffold == "agent":  # multi-turn episodes through TRL's rollout_func: train/rollout.py
+        from evotrainer.train.rollout import AgentRollout, agent_rows
+
+        rows = agent_rows(tasks)
+        scaffold_kwargs["rollout_func"] = AgentRollout(
+            session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, cfg.domain.agent, tokenizer)
     # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py)
     experience = ExperienceInjector.from_harness(session.harness, ExperiencePool(session.store), cfg.domain.name, seed)
     recorder = RolloutRecorder(
@@ -213,7 +225,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     trainer = HarnessGRPOTrainer(
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        recorder=recorder, callbacks=[callback], experience=experience,
+        recorder=recorder, callbacks=[callback], experience=experience, **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     started = time.perf_counter()

@@ -51,28 +51,18 @@ class RolloutRecorder:
         self.pending: list[tuple[Rollout, dict[str, float], float]] = []
         self.step = 0
 
-    def __call__(self, prompts, completions, completion_ids, task_id, experience=None, **_: Any) -> list[float]:
+    def __call__(self, prompts, completions, completion_ids, task_id, agent_rollout=None, experience=None,
+                 **_: Any) -> list[float]:
         self.pending = []
         rewards = []
         n = len(prompts)
         for i in range(n):
-            task = self.tasks[task_id[i]]
-            ids = completion_ids[i]
-            truncated = not ids or ids[-1] not in self.stop_token_ids
-            text = completion_text(completions[i])
-            rollout = Rollout(
-                id=uuid.uuid4().hex,
-                task_id=task.task_id,
-                group_id="",  # set in finalize, once groups are known
-                domain=task.domain,
-                prompt=completion_text(prompts[i]),
-                completion=text,
-                turns=(),
-                outcome=self.domain.check(task, text, truncated),
-                num_tokens=len(ids),
-                truncated=truncated,
-                meta={"level": task.level, "answer": task.answer, "split": task.split},
-            )
+            if agent_rollout is not None:
+                # Multi-turn (train/rollout.py): the episode's turns and its trusted outcome, graded
+                # by the same grader when the episode ended.
+                rollout = agent_rollout[i]
+            else:
+                rollout = self._single_turn(prompts[i], completions[i], completion_ids[i], task_id[i])
             if experience is not None and experience[i]:
                 # Experience-guided (experience/inject.py): stored and rewarded with its clean
                 # prompt; meta names the lessons the policy was shown.
@@ -83,6 +73,24 @@ class RolloutRecorder:
             self.pending.append((rollout, components, reward))
             rewards.append(reward)
         return rewards
+
+    def _single_turn(self, prompt, completion, ids, task_id: str) -> Rollout:
+        task = self.tasks[task_id]
+        truncated = not ids or ids[-1] not in self.stop_token_ids
+        text = completion_text(completion)
+        return Rollout(
+            id=uuid.uuid4().hex,
+            task_id=task.task_id,
+            group_id="",  # set in finalize, once groups are known
+            domain=task.domain,
+            prompt=completion_text(prompt),
+            completion=text,
+            turns=(),
+            outcome=self.domain.check(task, text, truncated),
+            num_tokens=len(ids),
+            truncated=truncated,
+            meta={"level": task.level, "answer": task.answer, "split": task.split},
+        )
 
     def finalize(self, advantages: Sequence[float], group_size: int) -> list[bool]:
         """Apply the harness filters, store the batch, and return the kept mask."""
