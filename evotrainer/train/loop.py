@@ -212,8 +212,10 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
         rows = agent_rows(tasks)
         scaffold_kwargs["rollout_func"] = AgentRollout(
             session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, cfg.domain.agent, tokenizer)
-    # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py)
-    experience = ExperienceInjector.from_harness(session.harness, ExperiencePool(session.store), cfg.domain.name, seed)
+    # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py); none for
+    # the agent scaffold, whose rollout_func builds its own prompts
+    experience = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
+        session.harness, ExperiencePool(session.store), cfg.domain.name, seed))
     recorder = RolloutRecorder(
         session.domain, {t.task_id: t for t in session.train_tasks}, session.harness,
         GatheredRollouts(session.store) if distributed() else session.store,
