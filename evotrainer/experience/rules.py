@@ -61,7 +61,7 @@ RULES: tuple[Rule, ...] = (
          "written is taken as the answer.", without=("answer_marker",), sibling_flag="answer_marker"),
     Rule("math_recheck", MATH, ("wrong",),
          "Recheck every arithmetic step before giving the answer: other attempts at the same problem "
-         "got it right.", flags=("answer_marker",), contrast=True),
+         "got it right.", contrast=True),
     Rule("code_format", CODE, ("format_error",),
          "Put the whole solution in one ```python code block that defines the required function."),
     Rule("code_truncated", CODE, ("truncated",),
