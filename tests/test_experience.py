@@ -293,6 +293,11 @@ def test_cli_distill_list_show_search(math_work):
     assert run("search", "  ").exit_code == 2
     res = run("distill", "--agent", "llm", "--model", "m")  # no endpoint, no key: bad input, not a crash
     assert res.exit_code == 2 and "no API key" in res.output
+    with ChatServer([GOOD]) as server:  # the three failing groups fit one request
+        res = run("distill", "--agent", "llm", "--model", "m", "--base-url", server.url)
+    assert res.exit_code == 0, res.output
+    assert "1 lesson(s): 1 new" in res.output and "Finish with the final number" in res.output
+    assert "llm" in run("list", "--source", "llm").output
 
 
 # ---------------------------------------------------------------- the loss never sees experience
