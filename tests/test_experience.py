@@ -323,11 +323,12 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     spec = harness_dir / "harness.yaml"
     # every rollout guided; beta > 0 so TRL takes reference log-probs too; short completions (cost)
     text = (spec.read_text().replace("beta: 0.0", "beta: 0.04").replace("share: 0.0", "share: 1.0")
-            .replace("max_completion_length: 32", "max_completion_length: 12"))
+            .replace("max_completion_length: 32", "max_completion_length: 12")
+            .replace("num_generations: 8", "num_generations: 4"))
     spec.write_text(text)
     harness = load_harness(harness_dir)
     assert harness.spec.experience["share"] == 1.0 and harness.spec.grpo["beta"] == 0.04
-    assert harness.spec.grpo["max_completion_length"] == 12
+    assert harness.spec.grpo["max_completion_length"] == 12 and harness.spec.grpo["num_generations"] == 4
 
     cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.heldout_size=2"])
     session = open_session(cfg, tmp_path / "work", harness=harness)
