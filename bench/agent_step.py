@@ -1,0 +1,70 @@
+"""Seconds per GRPO step of the swe domain with the `edit` scaffold against the `agent` scaffold.
+
+Each scaffold trains one round through train/loop.py's train_round (the real wiring: TRL's
+rollout_func for agent) on the embedded model and the bundled pack, from the same seed; the step
+time excludes model loading and held-out evaluation. Prints per scaffold: seconds per step, the
+outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout.
+
+    python bench/agent_step.py [--steps 1] [--set domain.agent.max_turns=4 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+
+from evotrainer.cli.main import quiet_libraries
+from evotrainer.config import load_config
+from evotrainer.paths import CONFIGS_DIR
+
+
+def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
+    from evotrainer.policy import load_policy
+    from evotrainer.store import Store
+    from evotrainer.train.loop import build_peft, open_session, train_round
+    from evotrainer.train.progress import make_progress
+
+    cfg = load_config(CONFIGS_DIR / "swe.yaml", [f"domain.scaffold={scaffold}", "domain.heldout_size=1",
+                                                 "train.prompts_per_step=1", f"run_name=bench-{scaffold}", *overrides])
+    session = open_session(cfg, workdir, console)
+    model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
+    model = build_peft(model, session.grpo)
+    with make_progress(console) as progress:
+        _, summary = train_round(session, model, tokenizer, 0, steps, progress)
+    rows = list(Store.open(workdir).iter_rollouts(run_id=session.run_id))
+    return {"scaffold": scaffold, "step_s": summary.step_time,
+            "kinds": dict(Counter(r.rollout.outcome.kind for r in rows)),
+            "endings": dict(Counter(r.rollout.meta.get("exit_status", "-") for r in rows)),
+            "tokens": statistics.fmean(r.rollout.num_tokens for r in rows) if rows else 0.0,
+            "rollouts": len(rows)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--set", action="append", default=[], help="config override key.sub=value (both runs)")
+    args = parser.parse_args()
+    quiet_libraries()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    console = Console(stderr=True)
+    load = os.getloadavg()[0]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="evo-agent-bench-") as tmp:
+        for scaffold in ("edit", "agent"):
+            results.append(one(scaffold, args.steps, args.set, Path(tmp) / scaffold, console))
+    print(f"load average before: {load:.1f}  after: {os.getloadavg()[0]:.1f}  (cores: {os.cpu_count()})")
+    print("| scaffold | s/step | rollouts | mean sampled tokens | outcome kinds | agent endings |")
+    print("|---|---:|---:|---:|---|---|")
+    for r in results:
+        print(f"| {r['scaffold']} | {r['step_s']:.1f} | {r['rollouts']} | {r['tokens']:.0f} | {r['kinds']} | "
+              f"{r['endings']} |")
+
+
+if __name__ == "__main__":
+    main()
