@@ -75,7 +75,7 @@ def test_show_renders_rollout_and_unknown_id_fails(work: Path) -> None:
                  "completion [red]1[/red]", "h0", "base"]:
         assert text in out, text
     res = cli("show", "roll-0099", "-w", str(work))
-    assert "1. user" in res.stdout and "3. tool" in res.stdout and "edit: [x]" in res.stdout
+    assert "turn 1 · user" in res.stdout and "turn 3 · tool" in res.stdout and "edit: [x]" in res.stdout
     assert "timeout" in res.stdout
     res = cli("show", "roll-0099", "-w", str(work), "--json")
     assert json.loads(res.stdout)["meta"]["train"]["reward_components"]["format"] == 0.25

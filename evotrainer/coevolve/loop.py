@@ -313,7 +313,6 @@ class Coevolution:
 
     def _revert(self, state: RunState, pending: Pending, verdict: Verdict, why: str | None = None) -> None:
         why = f"live verification in round {state.round}: {why or verdict.describe()}"
-
         sha = self.repo.revert(pending.merge, why)
         self.console.print(f"[red]reverted[/] {pending.branch} ({sha[:8]}): {why}")
         self._save_skill(pending, "failed", verdict, state)
