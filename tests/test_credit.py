@@ -118,3 +118,42 @@ def test_harness_option_parses_and_defaults_off():
                      ([1], "mapping")):
         with pytest.raises(ValueError, match=why):
             StepCreditSpec.from_raw(bad)
+
+
+@pytest.mark.slow
+def test_training_asks_the_step_judge_and_trains_on_its_labels(tmp_path, embedded_model_dir):
+    """One real GRPO step with harness step_credit on: the configured judge (a loopback endpoint)
+    labels every completion during training, the labels are cached in the store, and the
+    advantages TRL trains on are the step-credit ones, not the plain outcome ones."""
+    import shutil
+
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
+    from evotrainer.store import Store
+    from evotrainer.train.loop import open_session, run_training
+    from tests.llm_server import ChatServer
+
+    harness = tmp_path / "harness"
+    shutil.copytree(HARNESSES_DIR / "math", harness)
+    with (harness / "harness.yaml").open("a") as fh:
+        fh.write("step_credit:\n  enabled: true\n  alpha: 0.5\n")
+    asked = []
+
+    def label(body):  # GOOD for the first half of the batch, BAD after: labels that differ
+        asked.append(body)
+        return '{"labels": ["%s"]}' % ("GOOD" if len(asked) % 2 else "BAD")
+
+    with ChatServer(responder=label) as server:
+        cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", [
+            f"harness={harness}", "train.steps_per_round=1", "eval.batch_size=8",
+            f"judge.base_url={server.url}", "judge.model=step-judge", "judge.backend=openai"])
+        session = open_session(cfg, tmp_path / "work")
+        run_training(session)
+    g = session.grpo["num_generations"]
+    assert len(asked) == g  # one step judge call per completion of the single group
+    store = Store.open(tmp_path / "work")
+    rows = list(store.iter_rollouts(run_id=session.run_id))
+    assert len(rows) == g
+    labels = [r.rollout.meta.get("step_labels") for r in rows]
+    assert all(lab in (["GOOD"], ["BAD"]) for lab in labels), labels
+    store.close()

@@ -45,6 +45,8 @@ class HarnessGRPOTrainer(GRPOTrainer):
             rollouts = [row.rollout for row in self.recorder.last_batch]
             output["advantages"] = self.step_credit.advantages(
                 output, rollouts, self.num_generations, self.processing_class.decode) * keep.unsqueeze(1)
+            stats = self.step_credit.last_stats
+            self._metrics["train"]["step_credit/labelled"].append(stats["labelled"] / max(stats["rollouts"], 1))
         loss_mask = output["completion_mask"]
         if output.get("tool_mask") is not None:
             loss_mask = loss_mask * output["tool_mask"]

@@ -25,6 +25,7 @@ from evotrainer.harness.loader import Harness
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
+from evotrainer.train.credit import StepCreditSpec
 from evotrainer.train.evaluate import (EvalResult, check_backends, eval_backend_name, evaluate,
                                        make_eval_backend)
 from evotrainer.workspace import ensure_workspace
@@ -184,6 +185,15 @@ def vllm_args(config: Config) -> dict:
     return args
 
 
+def step_judge(session: Session):
+    """The step judge of config `judge` (endpoint or local model), its labels cached in the store."""
+    from evotrainer.judge import JudgeRecords, StepJudge, make_backend
+
+    cfg = session.config.judge
+    return StepJudge(make_backend(cfg), records=JudgeRecords(session.store), max_retries=cfg.max_retries,
+                     max_tokens=cfg.max_tokens, max_chars=cfg.max_chars)
+
+
 def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
     """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
     from datasets import Dataset
@@ -216,6 +226,11 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     # the agent scaffold, whose rollout_func builds its own prompts
     experience = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
         session.harness, ExperiencePool(session.store), cfg.domain.name, seed))
+    # harness.yaml `step_credit`: a judge labels each step GOOD/BAD during training (judge/steps.py)
+    step_labeller = step_judge(session) if StepCreditSpec.from_raw(
+        session.harness.spec.raw.get("step_credit")).enabled else None
+    if step_labeller is not None:
+        scaffold_kwargs["step_labeller"] = step_labeller
     recorder = RolloutRecorder(
         session.domain, {t.task_id: t for t in session.train_tasks}, session.harness,
         GatheredRollouts(session.store) if distributed() else session.store,
