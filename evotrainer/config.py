@@ -102,6 +102,9 @@ class EvalConfig(_Strict):
     backend: Literal["auto", "hf", "vllm", "openai"] = "auto"
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1)  # eval's own vLLM engine
     server: EvalServerConfig = Field(default_factory=EvalServerConfig)
+    # Reuse a greedy generation for the same (model, adapter hash, prompt, length) from
+    # <workdir>/cache: `evotrainer eval` of an adapter training already evaluated generates nothing.
+    cache: bool = True
 
 
 class StoreConfig(_Strict):

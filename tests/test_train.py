@@ -60,6 +60,20 @@ def check_round_and_resume(tmp_path, overrides=()):
     evals = store.evals(session.run_id)
     assert {e["round_id"] is None for e in evals} == {True, False}  # base + round 0
 
+    # Evaluating round 0's adapter again (as `evotrainer eval` does) reuses the held-out
+    # generations training made under that adapter: the rollout cache (eval.cache) hits them all.
+    from evotrainer.policy import load_policy
+    from evotrainer.train.loop import evaluate_heldout
+
+    cache = session.rollout_cache
+    misses = cache.misses
+    model, tokenizer = load_policy(cfg.policy.model, adapter)
+    again = evaluate_heldout(session, model, tokenizer, None, str(adapter))
+    n_heldout = sum(len(t) for t in session.heldout.values())
+    assert cache.misses == misses and cache.hits >= n_heldout
+    trained = [e for e in evals if e["round_id"] is not None]
+    assert [r.successes for r in again] == [e["successes"] for e in trained]
+
     # A second run in the same workdir resumes: round 1, from round 0's adapter.
     session2 = open_session(cfg, tmp_path)
     result2 = run_training(session2, steps=1)

@@ -56,6 +56,7 @@ class Session:
     run_id: int
     console: Console
     eval_backend: object = None  # built on first use; a vLLM engine or a server client lives on
+    rollout_cache: object = None  # memory/cache.RolloutCache under <workdir>/cache, on first eval
 
     @property
     def grpo(self) -> dict:
@@ -115,13 +116,22 @@ def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
 
 
 def heldout_backend(session: Session, model, tokenizer):
-    """The eval backend: hf wraps the model in hand; vllm and openai are built once per session."""
+    """The eval backend: hf wraps the model in hand; vllm and openai are built once per session.
+    With eval.cache, generations go through the rollout cache (memory/cache.py)."""
     if eval_backend_name(session.config) == "hf":
-        return make_eval_backend(session.config, model, tokenizer)
-    if session.eval_backend is None:
-        session.eval_backend = make_eval_backend(session.config,
-                                                 lora_rank=int(session.grpo.get("lora_rank", 16)))
-    return session.eval_backend
+        backend = make_eval_backend(session.config, model, tokenizer)
+    else:
+        if session.eval_backend is None:
+            session.eval_backend = make_eval_backend(session.config,
+                                                     lora_rank=int(session.grpo.get("lora_rank", 16)))
+        backend = session.eval_backend
+    if not session.config.eval.cache:
+        return backend
+    from evotrainer.memory.cache import CachedBackend, RolloutCache
+
+    if session.rollout_cache is None:
+        session.rollout_cache = RolloutCache(session.workdir / "cache")
+    return CachedBackend(backend, session.rollout_cache, session.config.policy.model)
 
 
 def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
