@@ -53,6 +53,15 @@ class AgentScaffoldConfig(_Strict):
     test_timeout_s: float = Field(60.0, gt=0)  # one run_tests call
 
 
+class FrontierConfig(_Strict):
+    """Self-questioning (math, code): before each round, add up to `per_round` validated variants
+    of train tasks whose pass rate sits in `band` (evotrainer/frontier). 0 turns it off."""
+
+    per_round: int = Field(0, ge=0)
+    band: tuple[float, float] = (0.2, 0.8)
+    min_attempts: int = Field(4, ge=1)  # a pass rate from fewer attempts is too noisy to place
+
+
 class DomainConfig(_Strict):
     name: Literal["math", "code", "swe"] = "math"
     levels: list[int] = Field(default_factory=lambda: [0, 1])
@@ -64,11 +73,18 @@ class DomainConfig(_Strict):
     # swe only: edit (one turn, SEARCH/REPLACE) or agent (multi-turn tools, trained via TRL rollout_func)
     scaffold: Literal["edit", "agent"] = "edit"
     agent: AgentScaffoldConfig = Field(default_factory=AgentScaffoldConfig)
+    frontier: FrontierConfig = Field(default_factory=FrontierConfig)
 
     @model_validator(mode="after")
     def _scaffold_domain(self) -> "DomainConfig":
         if self.scaffold == "agent" and self.name != "swe":
             raise ValueError(f"scaffold 'agent' is for the swe domain, not {self.name!r}")
+        if self.frontier.per_round and self.name == "swe":
+            raise ValueError("frontier.per_round is for math and code; SWE draws new bugs with "
+                             "`evotrainer tasks frontier`")
+        lo, hi = self.frontier.band
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"frontier.band must satisfy 0 <= lo <= hi <= 1, got {[lo, hi]}")
         return self
 
 

@@ -137,3 +137,40 @@ def test_tasks_frontier_cli(tmp_path):
     assert (tmp_path / "frontier" / "math-seed0.json").is_file()
     assert CliRunner().invoke(app, ["frontier", "--workdir", str(tmp_path), "--band", "0.9,0.1"]).exit_code == 2
     assert CliRunner().invoke(app, ["frontier", "--workdir", str(tmp_path / "none")]).exit_code == 2
+
+
+def test_training_adds_frontier_tasks_before_each_round_and_keeps_them_on_resume(tmp_path):
+    """domain.frontier.per_round: the loop synthesizes validated variants from this run's pass
+    rates before a round, the round's recorder and sampler see them, and a resumed session
+    (a new open_session) loads them back from the store."""
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR
+    from evotrainer.train.loop import add_frontier_tasks, open_session, sample_round_tasks
+
+    cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.frontier.per_round=4", "domain.train_size=18"])
+    session = open_session(cfg, tmp_path)
+    add_frontier_tasks(session, 0)  # round 0: no pass rates yet, nothing to place
+    assert len(session.train_tasks) == 18
+    rows = []
+    for i, t in enumerate(session.train_tasks):
+        for j in range(8):
+            ok = j < i % 9
+            rows.append(StoredRollout(Rollout(f"{t.task_id}-{j}", t.task_id, f"g{i}", "math", "p", "c", (),
+                                              Outcome(ok, float(ok), "ok" if ok else "wrong"), 4, False),
+                                      run_id=session.run_id))
+    session.store.add_rollouts(rows)
+    add_frontier_tasks(session, 1)
+    new = [t for t in session.train_tasks if t.meta.get("origin") == "frontier"]
+    assert len(new) == 4 and len(session.train_tasks) == 22
+    heldout = {t.task_id for ts in session.heldout.values() for t in ts}
+    assert not heldout & {t.task_id for t in new}
+    for t in new:  # the trusted checker grades them like any train task
+        assert session.domain.check(t, f"Answer: {t.answer}", False).success
+    drawn = {t.task_id for t in sample_round_tasks(session, 400, seed=0)}
+    assert drawn & {t.task_id for t in new}  # the curriculum samples them
+    session.store.close()
+    again = open_session(cfg, tmp_path)
+    assert {t.task_id for t in new} <= {t.task_id for t in again.train_tasks}
+    again.store.close()
+    with pytest.raises(Exception, match="frontier.per_round is for math and code"):
+        load_config(CONFIGS_DIR / "swe.yaml", ["domain.frontier.per_round=2"])

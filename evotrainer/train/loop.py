@@ -80,6 +80,10 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     domain = get_domain(d.name, levels=tuple(d.levels), source=d.source,
                         **({"scaffold": d.scaffold} if d.name == "swe" else {}))
     train_tasks = domain.tasks("train", d.train_size, d.seed)
+    if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
+        from evotrainer.frontier.synthesize import frontier_tasks
+
+        train_tasks += [t for t in frontier_tasks(store, d.name) if t.task_id not in {x.task_id for x in train_tasks}]
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     run_id = None
     if is_main():
@@ -283,6 +287,28 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     return model, summary
 
 
+def add_frontier_tasks(session: Session, index: int) -> None:
+    """Self-questioning: validated variants of the tasks at the policy's frontier join the train
+    split before round `index` (config domain.frontier; evotrainer/frontier)."""
+    fc = session.config.domain.frontier
+    if not fc.per_round or index == 0:  # round 0 has no pass rates to place tasks by
+        return
+    from evotrainer.frontier.synthesize import synthesize_frontier
+
+    report = None
+    if is_main():
+        report = synthesize_frontier(session.store, session.config.domain.name, band=tuple(fc.band),
+                                     n=fc.per_round, seed=session.config.train.seed + index,
+                                     run_id=session.run_id, min_attempts=fc.min_attempts,
+                                     known=[t for ts in session.heldout.values() for t in ts])
+    accepted = share(report.accepted if report is not None else None)
+    known = {t.task_id for t in session.train_tasks}
+    session.train_tasks += [t for t in accepted if t.task_id not in known]
+    if report is not None:
+        session.console.print(f"frontier: {len(report.accepted)} new task(s) from {len(report.parents)} "
+                              f"in-band parent(s), {len(report.rejected)} rejected")
+
+
 def run_training(session: Session, rounds: int | None = None, steps: int | None = None) -> dict:
     """Train `rounds` more rounds, resuming after the last finished round of this run."""
     from evotrainer.train.progress import make_progress
@@ -307,6 +333,7 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
     summaries = []
     with make_progress(session.console) as progress:
         for index in range(start, start + rounds):
+            add_frontier_tasks(session, index)
             model, summary = train_round(session, model, tokenizer, index, steps, progress)
             summaries.append(summary)
             progress.console.print(
