@@ -132,7 +132,7 @@ def backtest_cmd(
     overrides: Optional[List[str]] = OverridesArg,
 ):
     """Replay REV and BASE over the same stored rollouts, apply the gate, and write the report
-    to WORKDIR/backtests/<id>.json (+ .md). Gate settings: config `gate.*` (e.g. gate.margin=0.05)."""
+    to WORKDIR/backtests/ID.json (+ .md). Gate settings: config `gate.*` (e.g. gate.margin=0.05)."""
     from evotrainer.backtest import Selector, backtest
     from evotrainer.harness.repo import HarnessRepoError
 

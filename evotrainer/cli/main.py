@@ -28,7 +28,7 @@ WorkdirOpt = typer.Option(
     None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
     "Default: $EVOTRAINER_WORKDIR or ./evotrainer-work.")
 DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math, code or swe.")
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/<domain>.yaml).")
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/DOMAIN.yaml).")
 OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
 
 

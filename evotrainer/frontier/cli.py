@@ -35,7 +35,7 @@ def frontier_cmd(
     """Make variants of the train tasks whose pass rate lies in the band, keep those the trusted
     checker validates (math answers recomputed; code references pass their hidden tests in the
     sandbox) and that duplicate no known task, and add them to the store as train tasks. Writes
-    <workdir>/frontier/<domain>-seed<seed>.json with every rejection and its reason."""
+    WORKDIR/frontier/DOMAIN-seedSEED.json with every rejection and its reason."""
     from evotrainer.frontier import synthesize_frontier, write_report
     from evotrainer.store import Store
 
