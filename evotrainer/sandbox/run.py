@@ -7,7 +7,7 @@ One call of `run_sandboxed` is one execution:
    and `out-<random>/` (where the command may write results: listable only by us, and collected
    into `SandboxResult.outputs`). `{repo}`, `{aux}`, `{out}` and `{work}` in `cmd` and
    `env_extra` are replaced by those paths (plain text replacement: other braces stay).
-2. A tiny trusted launcher (`_LAUNCHER`, run as `python -I -S -c`) is started in its own session
+2. A tiny trusted launcher (`_LAUNCHER` in launcher.py, run as `python -I -S -c`) is started in its own session
    (`start_new_session`, so its pid is the process-group id). Before it `exec`s the command it:
    joins a pids cgroup when one can be made, unshares a network namespace (loopback only), a
    mount namespace (private tmpfs on /tmp, /var/tmp, /dev/shm; `hide` paths covered) and a pid
@@ -35,18 +35,16 @@ processes. What is real depends on the machine; `isolation_support()` says.
 Not a container: the command still reads every host file an unprivileged user may read (except
 `hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
 network, /tmp, the process list) with the host. No seccomp filter.
+
+Layout: this module is the runner (the copy, supervision, the result); launcher.py starts the
+command inside its isolation; processes.py counts, contains and kills its processes.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
 import secrets
-import select
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -56,14 +54,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from evotrainer.sandbox.launcher import (
+    PATH,
+    _feed,
+    _launcher_config,
+    _limits,
+    _scrubbed_env,
+    _start,
+)
+from evotrainer.sandbox.processes import (
+    MIN_SANDBOX_UID,
+    _cgroup_base,
+    _fresh_uid,
+    _make_cgroup,
+    _proc_stats,
+    _process_count,
+    _remove_cgroup,
+    _stop,
+    _sweep,
+)
+
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj"})
 OUTPUT_CAP = 64 * 1024  # bytes kept of stdout and of stderr (head and tail)
 OUTPUT_FILE_CAP = 8 * 1024 * 1024  # bytes kept of one file in out-*/
-MIN_SANDBOX_UID = 1_000_000_000  # fresh uids come from [MIN, MIN + 2**30): no real user is there
-PATH = "/usr/local/bin:/usr/bin:/bin"
 
-_HELPERS = 2  # the launcher's waiter and the pid namespace's reaper, in the cgroup too
-_counter = itertools.count()
 _support: dict[str, Any] | None = None
 _support_lock = threading.Lock()
 
@@ -92,122 +106,6 @@ class SandboxResult:
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (not the command): a missing src, an unwritable temp dir."""
-
-
-# ---------------------------------------------------------------- the launcher (runs as the child)
-
-_LAUNCHER = r"""
-import ctypes, json, os, resource, signal, sys
-cfg = json.loads(sys.argv[1]); sfd = int(sys.argv[2]); st = {}
-os.set_inheritable(sfd, False)  # closes at exec: the parent reads the status until EOF
-NEWNS, NEWNET, NEWUSER, NEWPID = 0x00020000, 0x40000000, 0x10000000, 0x20000000
-REC, PRIV, BIND, NOSUID, NODEV, NOEXEC = 16384, 1 << 18, 4096, 2, 4, 8
-def report(**kw):
-    st.update(kw)
-    try:
-        os.write(sfd, (json.dumps(st) + "\n").encode())
-    except OSError:
-        pass
-try:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, 9)  # PR_SET_PDEATHSIG: if the grader dies, so does this run (the reaper does the same)
-    if os.getppid() != cfg["parent"]:
-        os._exit(125)
-    def mount(src, dst, fstype, flags, data=None):
-        enc = lambda s: None if s is None else s.encode()
-        if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
-            raise OSError(ctypes.get_errno(), "mount " + dst)
-    if cfg["cgroup"]:
-        try:
-            with open(cfg["cgroup"], "w") as f: f.write(str(os.getpid()))
-            st["cgroup"] = True
-        except OSError:
-            st["cgroup"] = False
-    root = os.geteuid() == 0
-    if not root and (cfg["netns"] or cfg["mountns"]):
-        # Unprivileged: a user namespace where we are root, to own the other namespaces.
-        uid, gid = os.getuid(), os.getgid()
-        if libc.unshare(NEWUSER) == 0:
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-                with open("/proc/self/" + name, "w") as f: f.write(text)
-            st["userns"] = True
-    st["netns"] = bool(cfg["netns"]) and libc.unshare(NEWNET) == 0
-    if st["netns"]:
-        import fcntl, socket, struct
-        try:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b""))[:18])[1]
-            fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
-            s.close(); st["loopback"] = True
-        except OSError:
-            st["loopback"] = False
-    st["mountns"] = False
-    if cfg["mountns"] and libc.unshare(NEWNS) == 0:
-        mount(None, "/", None, REC | PRIV)
-        keep = [(p, os.open(p, os.O_PATH)) for p in cfg["expose"] + [cfg["workdir"]]]
-        for d in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(d) and not os.path.islink(d):
-                mount("tmpfs", d, "tmpfs", NOSUID | NODEV, "size=%dm,mode=1777" % cfg["tmpfs_mb"])
-        st["hidden"] = 0
-        for h in cfg["hide"]:
-            try:
-                if os.path.isdir(h): mount("tmpfs", h, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
-                elif os.path.exists(h): mount("/dev/null", h, None, BIND)
-                st["hidden"] += 1
-            except OSError:
-                pass  # reported: `hidden` counts the paths actually covered
-        for c in cfg["cover"]:
-            mount("tmpfs", c, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
-        for p, fd in keep:
-            if os.path.isdir("/proc/self/fd/%d" % fd): os.makedirs(p, exist_ok=True)
-            mount("/proc/self/fd/%d" % fd, p, None, BIND | REC)
-            os.close(fd)
-        st["mountns"] = True
-    st["pidns"] = bool(cfg["pidns"]) and libc.unshare(NEWPID) == 0
-    def wait_for(pid, reap_all):
-        while True:
-            try:
-                got, status = os.waitpid(-1 if reap_all else pid, 0)
-            except InterruptedError:
-                continue
-            if got == pid:
-                return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    if st["pidns"]:
-        # Three processes: this one waits outside; its child is pid 1 of the new namespace and only
-        # reaps (orphans are reparented to it, not to the host's init); the grandchild execs the
-        # command. When pid 1 exits or is killed, the kernel kills and reaps the whole namespace.
-        reaper = os.fork()
-        if reaper:
-            os.write(sfd, (json.dumps({"child": reaper}) + "\n").encode()); os.close(sfd)
-            code = wait_for(reaper, False)
-            if 128 < code < 160:  # the command died of a signal: die of it too, for the exit status
-                if code - 128 not in (signal.SIGKILL, signal.SIGSTOP):
-                    signal.signal(code - 128, signal.SIG_DFL)
-                os.kill(os.getpid(), code - 128)
-            os._exit(code)
-        libc.prctl(1, 9)
-        if st["mountns"]:
-            mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC)
-        command = os.fork()
-        if command:
-            os.close(sfd)
-            os._exit(wait_for(command, True))
-    L = cfg["limits"]
-    for name, soft, hard in (("RLIMIT_CPU", L["cpu_s"], L["cpu_s"] + 1), ("RLIMIT_AS", L["as"], L["as"]),
-                             ("RLIMIT_FSIZE", L["fsize"], L["fsize"]), ("RLIMIT_CORE", 0, 0),
-                             ("RLIMIT_NPROC", L["nproc"], L["nproc"])):
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    if cfg["uid"] is not None:
-        os.setgroups([]); os.setgid(cfg["uid"]); os.setuid(cfg["uid"])
-    st["uid"] = os.getuid()
-    st["no_new_privs"] = libc.prctl(38, 1, 0, 0, 0) == 0
-    os.chdir(cfg["cwd"])
-    report()
-    os.execve(cfg["exe"], cfg["cmd"], cfg["env"])
-except BaseException as exc:
-    report(error="%s: %s" % (type(exc).__name__, exc))
-    os._exit(127)
-"""
 
 
 # ---------------------------------------------------------------- isolation support on this machine
@@ -405,116 +303,6 @@ def _supervise(cfg, work: Path, out: Path, uid, cgroup_dir, nproc: int, timeout_
     )
 
 
-# ---------------------------------------------------------------- launching
-
-
-def _limits(cpu_s: int, mem_mb: int, fsize_mb: int, nproc: int) -> dict[str, int]:
-    return {"cpu_s": int(cpu_s), "as": int(mem_mb) << 20, "fsize": int(fsize_mb) << 20, "nproc": int(nproc)}
-
-
-def _launcher_config(argv, work: Path, repo: Path, env, uid, limits, *, netns, mountns, pidns, cgroup, hide,
-                     exe) -> dict[str, Any]:
-    expose = _python_paths(exe) if uid is not None else []
-    return {"cmd": list(argv), "exe": exe, "parent": os.getpid(), "env": dict(env), "cwd": str(repo), "workdir": str(work),
-            "uid": uid, "limits": limits, "netns": netns, "mountns": mountns, "pidns": pidns, "cgroup": cgroup,
-            "hide": hide, "expose": expose if mountns else [],
-            "cover": _covers(expose) if mountns else [],
-            "tmpfs_mb": max(16, limits["fsize"] >> 20)}
-
-
-def _feed(pipe, data: bytes) -> None:
-    try:
-        with pipe:
-            pipe.write(data)
-    except (BrokenPipeError, OSError):
-        pass  # the command exited without reading it all
-
-
-def _start(cfg: dict[str, Any], work: Path, with_stdin: bool = False) -> tuple[subprocess.Popen, dict[str, Any]]:
-    """Start the launcher; return the process and its status line (read before the command runs)."""
-    rfd, wfd = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg), str(wfd)],
-            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(wfd,), start_new_session=True, env={"PATH": PATH}, cwd=str(work), close_fds=True,
-        )
-    finally:
-        os.close(wfd)
-    try:
-        # The launcher writes its status and the pipe closes at exec (or exit); it runs no untrusted
-        # code before, so a long wait here means the machine is stuck, not the command.
-        data = b""
-        while True:
-            ready, _, _ = select.select([rfd], [], [], 30)
-            chunk = os.read(rfd, 65536) if ready else b""
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(rfd)
-    status: dict[str, Any] = {}
-    for line in data.splitlines():  # one line before exec, a second one if exec failed
-        try:
-            status.update(json.loads(line))
-        except ValueError:
-            status["error"] = f"launcher status unreadable: {data[:200]!r}"
-    if not status:
-        status["error"] = "launcher gave no status"
-    return proc, status
-
-
-def _scrubbed_env(home: Path, tmp: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    """A fresh environment: nothing of ours (tokens, proxies, virtualenv) leaks in."""
-    env = {
-        "PATH": f"{Path(sys.executable).parent}:{PATH}",
-        "HOME": str(home),
-        "TMPDIR": str(tmp),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "TERM": "dumb",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONNOUSERSITE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONIOENCODING": "utf-8",
-    }
-    env.update(extra)
-    return env
-
-
-def _python_paths(exe: str) -> list[str]:
-    """The interpreter's files, which the fresh uid must reach even under a private home."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-             os.path.dirname(os.path.realpath(exe))}
-    return sorted(p for p in paths if os.path.isdir(p))
-
-
-def _covers(expose: Sequence[str]) -> list[str]:
-    """Ancestors of exposed paths that others cannot traverse (e.g. /root, mode 700).
-
-    The launcher mounts an empty tmpfs (mode 755) over each and binds the exposed paths back, so
-    the sandbox uid reaches the interpreter and nothing else that lives there.
-    """
-    covers: set[str] = set()
-    for p in expose:
-        parts = Path(p).parts
-        for i in range(2, len(parts)):
-            anc = str(Path(*parts[:i]))
-            if not os.stat(anc).st_mode & stat.S_IXOTH:
-                covers.add(anc)
-                break
-    return sorted(covers)
-
-
-def _fresh_uid() -> int:
-    """A uid no process holds now: RLIMIT_NPROC then counts this execution's processes only."""
-    busy = {st.st_uid for st in _proc_stats()}
-    while True:
-        uid = MIN_SANDBOX_UID + secrets.randbelow(2**30)
-        if uid not in busy:
-            return uid
-
-
 # ---------------------------------------------------------------- copying and cleaning up
 
 
@@ -621,7 +409,7 @@ class _Capped:
         return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", "replace")
 
 
-# ---------------------------------------------------------------- processes, cgroups, killing
+# ---------------------------------------------------------------- leftovers of killed processes
 
 
 def _remove_stale() -> None:
@@ -642,144 +430,6 @@ def _remove_stale() -> None:
                     _remove_cgroup(d)
 
 
-def _cgroup_base() -> Path | None:
-    """A writable pids cgroup folder for our executions (cgroup v1 or v2), or None."""
-    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
-        base = root / "evotrainer-sandbox"
-        try:
-            base.mkdir(exist_ok=True)
-            probe = base / f"probe-{os.getpid()}-{secrets.token_hex(4)}"
-            probe.mkdir()
-            ok = (probe / "pids.max").exists()
-            probe.rmdir()
-            if ok:
-                return base
-        except OSError:
-            continue
-    return None
-
-
-def _make_cgroup(nproc: int) -> Path | None:
-    base = _cgroup_base()
-    if base is None:
-        return None
-    path = base / f"{os.getpid()}-{next(_counter)}-{secrets.token_hex(4)}"
-    try:
-        path.mkdir()
-        (path / "pids.max").write_text(str(nproc + _HELPERS))
-        return path
-    except OSError:
-        return None
-
-
-def _cgroup_pids(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _remove_cgroup(path: Path) -> None:
-    for _ in range(100):
-        try:
-            path.rmdir()
-            return
-        except OSError:
-            for pid in _cgroup_pids(path):
-                _kill(pid)
-            time.sleep(0.01)
-
-
-@dataclass
-class _Stat:
-    pid: int
-    st_uid: int
-    pgrp: int
-
-
-def _proc_stats() -> list[_Stat]:
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            uid = os.stat(f"/proc/{name}").st_uid
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            out.append(_Stat(int(name), uid, int(fields[2])))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def _process_count(pgid: int, uid: int | None, cgroup_dir: Path | None) -> int:
-    """The sandbox's live processes, by the most precise handle we have."""
-    if cgroup_dir is not None:
-        try:
-            return int((cgroup_dir / "pids.current").read_text()) - _HELPERS
-        except (OSError, ValueError):
-            pass
-    stats = _proc_stats()
-    if uid is not None:
-        return sum(1 for s in stats if s.st_uid == uid)
-    return sum(1 for s in stats if s.pgrp == pgid)
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _stop(proc: subprocess.Popen, status: Mapping[str, Any]) -> None:
-    """Kill the command. With a pid namespace, its init goes first: the kernel then kills and reaps
-    the whole namespace and the launcher reaps the init, so no zombie is left to pid 1."""
-    child = status.get("child")
-    if isinstance(child, int) and child > 1:
-        _kill(child)
-        try:
-            proc.wait(timeout=2)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    _killpg(proc.pid)
-    proc.wait()
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _sweep(pgid: int | None, uid: int | None, cgroup_dir: Path | None) -> bool:
-    """SIGKILL every process of this execution until none is left; True if there were any."""
-    found_any = False
-    for _ in range(200):
-        pids: set[int] = set(_cgroup_pids(cgroup_dir)) if cgroup_dir is not None else set()
-        if uid is not None or pgid is not None:
-            pids |= {s.pid for s in _proc_stats()
-                     if (uid is not None and s.st_uid == uid) or (pgid is not None and s.pgrp == pgid)}
-        pids.discard(os.getpid())
-        # Zombies of our direct child are reaped by Popen; others' zombies vanish with their parent.
-        alive = [p for p in pids if _alive(p)]
-        if not alive:
-            return found_any
-        found_any = True
-        if pgid is not None:
-            _killpg(pgid)
-        for pid in alive:
-            _kill(pid)
-        time.sleep(0.005)
-    return found_any
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+# MIN_SANDBOX_UID and PATH live in processes.py and launcher.py; they stay importable from here.
+__all__ = ["MIN_SANDBOX_UID", "OUTPUT_CAP", "OUTPUT_FILE_CAP", "PATH", "VCS_DIRS", "SandboxError", "SandboxResult",
+           "isolation_support", "network_isolation_available", "run_sandboxed"]

@@ -1,0 +1,23 @@
+"""What a sandboxed harness run can fail with: CandidateFailure (the harness's fault) or SandboxError (ours)."""
+
+from __future__ import annotations
+
+
+class CandidateFailure(Exception):
+    """A harness fault that rejects that harness (not the run); `harness` is its label."""
+
+    def __init__(self, reason: str, harness: str = "candidate"):
+        super().__init__(reason)
+        self.reason = reason
+        self.harness = harness
+
+    def __reduce__(self):  # multi-argument exceptions need this to cross a process boundary
+        return (CandidateFailure, (self.reason, self.harness))
+
+    def __str__(self) -> str:
+        return f"{self.harness} harness: {self.reason}"
+
+
+class SandboxError(RuntimeError):
+    """A fault of our own side before any harness code ran (a worker that cannot start or open
+    its job); carries the worker traceback."""
