@@ -12,8 +12,9 @@ task's own bonus grows when its group had signal. Both samplers run the same mod
 same seed; they differ only in which tasks they draw.
 
 - uniform: every pool task alike (the seed curriculum's weights);
-- stratified: evotrainer.memory.ReplayMemory (capacity, decayed pass rates, forgetting,
-  anchors, target share 0.6 for the mid stratum), admitting new pool tasks as room frees up.
+- stratified: evotrainer.memory.ReplayMemory (capacity, per-task pass-rate beliefs that
+  predict the model's drift, forgetting, anchors, target share 0.6 for the mid stratum),
+  admitting unseen pool tasks as its frontier runs short (ReplayMemory.wanted, at most --admit).
 
 The figure of merit is the share of drawn prompts whose TRUE pass rate (the simulated model's,
 not the memory's estimate) lies in the mid band [0.2, 0.8]. Simplifications: one global skill
@@ -84,7 +85,7 @@ def simulate(rounds: int, seed: int, n_tasks: int, batch: int, group: int, capac
     rows = []
     for r in range(rounds):
         memory.forget()
-        memory.admit(list(itertools.islice(stream, admit)), r)
+        memory.admit(list(itertools.islice(stream, memory.wanted(admit))), r)
         drawn_u = uniform_sample(order, batch, rng_u)
         planned = memory.plan()
         drawn_s = memory.sample(batch, rng_s)
@@ -100,7 +101,8 @@ def simulate(rounds: int, seed: int, n_tasks: int, batch: int, group: int, capac
         memory.observe(_merge(drawn_s, per_draw_s))
         counts = memory.strata_counts()
         row.update(memory=len(memory), anchors=len(memory.plan().anchors), forgotten=len(memory.forgotten),
-                   strata=counts)
+                   strata=counts, drift=memory.drift, lift=memory.lift,
+                   true_drift=1.5 * (strat.theta - row["stratified_theta"]))
         rows.append(row)
     return rows
 
@@ -136,7 +138,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="prompts per round")
     ap.add_argument("--group", type=int, default=8, help="rollouts per prompt")
     ap.add_argument("--capacity", type=int, default=160)
-    ap.add_argument("--admit", type=int, default=16, help="new tasks admitted per round at most")
+    ap.add_argument("--admit", type=int, default=64,
+                    help="unseen tasks admitted per round at most (the memory asks for what its frontier lacks)")
     ap.add_argument("--json", help="write the per-round rows here")
     a = ap.parse_args()
     rows = simulate(a.rounds, a.seed, a.tasks, a.batch, a.group, a.capacity, a.admit)
@@ -144,7 +147,7 @@ def main() -> None:
           f"{a.tasks} tasks, {a.batch} prompts x {a.group} rollouts per round, capacity {a.capacity}, seed {a.seed}")
     head = (f"{'round':>5} | {'uni mid':>7} {'uni dead':>8} {'uni pass':>8} | {'str plan':>8} {'str est':>7} "
             f"{'str mid':>7} {'str dead':>8} "
-            f"{'str pass':>8} | {'mem':>4} {'forgot':>6}  strata (new/unsolved/hard/mid/easy/mastered)")
+            f"{'str pass':>8} | {'drift':>5} {'lift':>5} {'true':>5} | {'mem':>4} {'forgot':>6}  strata (new/unsolved/hard/mid/easy/mastered)")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -152,20 +155,25 @@ def main() -> None:
         print(f"{r['round']:>5} | {r['uniform_mid']:>7.2f} {r['uniform_dead']:>8.2f} {r['uniform_solved']:>8.2f} | "
               f"{r['stratified_planned']:>8.2f} {r['stratified_est']:>7.2f} "
               f"{r['stratified_mid']:>7.2f} {r['stratified_dead']:>8.2f} {r['stratified_solved']:>8.2f} | "
+              f"{r['drift']:>5.2f} {r['lift']:>5.2f} {r['true_drift']:>5.2f} | "
               f"{r['memory']:>4} {r['forgotten']:>6}  "
               f"{s['new']}/{s['unsolved']}/{s['hard']}/{s['mid']}/{s['easy']}/{s['mastered']}")
     later = rows[len(rows) // 2:]
     in_band = sum(TARGET_BAND[0] <= r["stratified_planned"] <= TARGET_BAND[1] for r in rows)
+    in_band_true = sum(TARGET_BAND[0] <= r["stratified_mid"] <= TARGET_BAND[1] for r in rows)
     in_band_est = sum(TARGET_BAND[0] <= r["stratified_est"] <= TARGET_BAND[1] for r in rows)
     print("uni/str mid: share of drawn prompts whose TRUE pass rate is in the band; str plan: the memory's "
-          "planned mid weight; str est: share of draws the memory placed in mid (its estimate)")
+          "planned mid weight; str est: share of draws the memory placed in mid (its estimate); drift, lift: "
+          "the memory's estimated logit gain per round (all tasks) and extra gain of a task just trained on; "
+          "true: the simulated model's global logit gain that round")
     print(f"mid share, mean over all rounds:   uniform {statistics.fmean(r['uniform_mid'] for r in rows):.3f}  "
           f"stratified {statistics.fmean(r['stratified_mid'] for r in rows):.3f}")
     print(f"mid share, mean over 2nd half:     uniform {statistics.fmean(r['uniform_mid'] for r in later):.3f}  "
           f"stratified {statistics.fmean(r['stratified_mid'] for r in later):.3f}")
     print(f"mid share, last round:             uniform {rows[-1]['uniform_mid']:.3f}  "
           f"stratified {rows[-1]['stratified_mid']:.3f}")
-    print(f"stratified rounds within {TARGET_BAND}: planned {in_band}/{len(rows)}, drawn-as-mid {in_band_est}/{len(rows)}")
+    print(f"stratified rounds within {TARGET_BAND}: planned {in_band}/{len(rows)}, drawn-as-mid {in_band_est}/{len(rows)}, "
+          f"true mid {in_band_true}/{len(rows)}")
     print(f"dead groups, mean over 2nd half:   uniform {statistics.fmean(r['uniform_dead'] for r in later):.3f}  "
           f"stratified {statistics.fmean(r['stratified_dead'] for r in later):.3f}")
     print(f"mean pool pass rate, last round:   uniform {rows[-1]['uniform_solved']:.3f}  "

@@ -15,6 +15,7 @@ from evotrainer.coevolve.heldout import (HeldoutLeak, assert_disjoint, assert_no
 from evotrainer.domains import get_domain
 from evotrainer.harness.loader import Harness, read_sources
 from evotrainer.memory import ReplayMemory, StrataPolicy, plan, stratified_weights
+from evotrainer.memory.strata import band_chance, logit, sigmoid
 from evotrainer.memory.cache import CachedBackend, Generation, RolloutCache, cache_key
 from evotrainer.memory.curriculum import curriculum_source
 from evotrainer.paths import HARNESSES_DIR
@@ -68,7 +69,8 @@ def test_forgetting_keeps_boundary_cases_and_anchors():
     ids = ["a0", "a1", "mast", "unsolv", "mid", "easy", "hard", "fresh"]
     assert mem.admit(ids, 0) == ids
     assert mem.plan().anchors == ("a0", "a1")
-    mem.observe({"a0": (8, 8), "a1": (8, 0), "mast": (8, 8), "unsolv": (16, 0), "mid": (8, 4), "easy": (16, 15),
+    # 16 of 16 is mastered (Jeffreys posterior mean 0.97); 8 of 8 alone (0.94) would not be yet.
+    mem.observe({"a0": (8, 8), "a1": (8, 0), "mast": (16, 16), "unsolv": (16, 0), "mid": (8, 4), "easy": (16, 15),
                  "hard": (8, 1)})
     gone = mem.forget()
     assert gone == {"mast": "mastered", "unsolv": "unsolvable"}  # anchors a0 (mastered), a1 (unsolved) stay
@@ -76,7 +78,7 @@ def test_forgetting_keeps_boundary_cases_and_anchors():
     # Full memory: new tasks push out the placed task farthest outside the band first; mid never.
     mem.admit(["x1", "x2"], 1)
     assert len(mem) == 8 and {"x1", "x2"} <= set(mem.entries)
-    # easy (15/16) lies 0.1375 above the band, hard (1/8) 0.075 below: easy goes first.
+    # Above the band goes before below it (the model improves: a hard task is a later frontier).
     assert mem.admit(["x3"], 1) == ["x3"] and mem.forgotten["easy"] == "outside band" and "hard" in mem.entries
     assert mem.admit(["x4"], 1) == ["x4"] and mem.forgotten["hard"] == "outside band"
     assert mem.admit(["x5"], 1) == []  # only anchors, mid and unplaced tasks left: no room
@@ -84,6 +86,56 @@ def test_forgetting_keeps_boundary_cases_and_anchors():
     # Persistence round-trips.
     again = ReplayMemory.from_json(mem.to_json())
     assert again.plan() == mem.plan()
+
+
+def test_a_credible_interval_overlapping_the_band_counts_as_mid():
+    # A belief centred outside the band puts at most about half its mass inside, so the rule
+    # needs mid_chance below 0.5 to act (the default 0.5 keeps mid to in-band estimates).
+    pol = StrataPolicy(anchor_share=0.0, mid_chance=0.35)
+    just_below = logit(0.18)  # point estimate under lo = 0.2
+    p = plan([TaskStats("sure", 64, 12, {"logit": just_below, "logit_var": 0.01}),
+              TaskStats("unsure", 8, 1, {"logit": just_below, "logit_var": 1.0}),
+              TaskStats("far", 8, 1, {"logit": logit(0.02), "logit_var": 1.0})], pol)
+    assert p.strata == {"sure": "hard", "unsure": "mid", "far": "hard"}
+    assert band_chance(TaskStats("x", 8, 4), pol) > 0.9 > band_chance(TaskStats("y", 80, 4), pol)
+
+
+def test_memory_learns_the_models_drift_and_predicts_where_tasks_are_now():
+    """A model whose logit on every task rises 0.4 per round: the memory's drift estimate finds
+    it, and its belief about a task seen a few rounds ago beats the task's last observed rate."""
+    rng = random.Random(0)
+    start = {f"t{i}": rng.uniform(-3.0, 1.0) for i in range(60)}
+    mem = ReplayMemory(StrataPolicy(capacity=60, anchor_share=0.0), drift_rate=0.5)
+    mem.admit(list(start), 0)
+    last_seen: dict[str, tuple[int, float]] = {}
+    for r in range(12):
+        drawn = rng.sample(list(start), 20)  # each task is seen every ~3 rounds
+        results = {}
+        for t in drawn:
+            k = sum(rng.random() < sigmoid(start[t] + 0.4 * r) for _ in range(16))
+            results[t] = (16, k)
+            last_seen[t] = (r, (k + 0.5) / 17)
+        mem.observe(results)
+    assert 0.25 < mem.drift + 0.5 * mem.lift < 0.6
+    now = {s.task_id: s.meta["logit"] for s in mem.stats()}
+    truth = {t: start[t] + 0.4 * 12 for t in last_seen}
+    err_memory = sum(abs(sigmoid(now[t]) - sigmoid(truth[t])) for t in last_seen)
+    err_stale = sum(abs(last_seen[t][1] - sigmoid(truth[t])) for t in last_seen)
+    assert err_memory < 0.6 * err_stale
+
+
+def test_memory_asks_for_unseen_tasks_while_its_frontier_is_short():
+    mem = ReplayMemory(StrataPolicy(capacity=64, anchor_share=0.0, frontier=10))
+    assert mem.wanted(16) == 10  # empty: the whole frontier is missing
+    mem.admit([f"m{i}" for i in range(4)] + [f"e{i}" for i in range(3)], 0)
+    assert mem.wanted(16) == 10 - 7  # tasks waiting to be placed count against the need
+    mem.observe({**{f"m{i}": (8, 4) for i in range(4)}, **{f"e{i}": (8, 7) for i in range(3)}})
+    assert mem.strata_counts()["mid"] == 4 and mem.wanted(16) == 6 and mem.wanted(2) == 2
+    mem.admit([f"n{i}" for i in range(6)], 1)
+    assert mem.wanted(16) == 0
+    # Persistence keeps the beliefs and the drift.
+    again = ReplayMemory.from_json(mem.to_json())
+    assert again.stats() == mem.stats() and (again.drift, again.lift, again.rounds) == (mem.drift, mem.lift, 1)
 
 
 def test_stratified_curriculum_runs_as_harness_code():

@@ -1,9 +1,16 @@
-"""A replay memory of tasks with a capacity: admission in order, recency-weighted pass rates,
-smooth forgetting, anchors, and difficulty-stratified sampling (strata.py decides all of it).
+"""A replay memory of tasks with a capacity: admission as the frontier needs it, per-task
+pass-rate beliefs that follow the model's drift, smooth forgetting, anchors, and
+difficulty-stratified sampling (strata.py places and weighs).
 
-The memory keeps, per task, attempts and successes that decay by `decay` each round, so the
-strata follow the current model rather than its whole history. It is plain data (to_json /
-from_json) so a run can keep it in its workdir between rounds.
+Why a filter rather than a plain pass rate: the model learns on what it samples, so a task's
+pass rate measured a few rounds ago is already too low when the task is drawn again. Per task
+the memory keeps a belief (mean, variance) in logit space, updated from each round's results
+like a Kalman filter: between observations the mean moves by the memory's estimate of the
+model's drift per round and the variance grows by `noise` per round; an observation of k of n
+pulls the mean toward it by the usual gain. The drift itself is learnt from the innovations of
+re-observed tasks (saturated groups, all or none solved, say little about a shift and are left
+out). It also keeps decayed attempt counts (`decay`) for reports. The memory is plain data
+(to_json / from_json) so a run can keep it in its workdir between rounds.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evotrainer.api import TaskStats
-from evotrainer.memory.strata import STRATA, Plan, StrataPolicy, distance, evidence, plan
+from evotrainer.memory.strata import STRATA, Plan, StrataPolicy, distance, evidence, observed, plan, sigmoid
+
 
 
 @dataclass
@@ -27,16 +35,27 @@ class Entry:
     attempts: int = 0  # all time
     successes: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    logit: float | None = None  # belief about the pass rate when last seen, logit space
+    logit_var: float = 0.0
+    seen: int = -1  # observation round that last updated the belief
+    trained: bool = False  # its last observation had mixed outcomes, so the model learnt on it
 
 
 class ReplayMemory:
     """Tasks the curriculum may draw, at most `policy.capacity` of them."""
 
-    def __init__(self, policy: StrataPolicy | None = None, decay: float = 0.5) -> None:
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be in [0, 1], got {decay}")
+    def __init__(self, policy: StrataPolicy | None = None, decay: float = 0.5, noise: float = 0.1,
+                 drift_rate: float = 0.5) -> None:
+        if not 0.0 <= decay <= 1.0 or not 0.0 < drift_rate <= 1.0 or noise < 0.0:
+            raise ValueError(f"need decay in [0, 1], drift_rate in (0, 1], noise >= 0; got {decay}, "
+                             f"{drift_rate}, {noise}")
         self.policy = policy or StrataPolicy()
         self.decay = decay
+        self.noise = noise  # variance added to a belief per round unseen
+        self.drift_rate = drift_rate  # how far one round's innovations move the drift estimate
+        self.drift = 0.0  # the model's estimated logit gain per round, on every task
+        self.lift = 0.0  # the extra gain of a task the model just learnt on (mixed outcomes)
+        self.rounds = 0  # observations so far
         self.entries: dict[str, Entry] = {}  # insertion order is admission order
         self.forgotten: dict[str, str] = {}  # task_id -> why, for reports
 
@@ -72,23 +91,36 @@ class ReplayMemory:
         return admitted
 
     def _outside_band(self) -> list[str]:
+        """Placed non-anchor tasks outside the band, in eviction order: those above it first
+        (the model keeps improving, so they only move farther out), then those below it; each
+        side farthest first. A hard task is the frontier of a later round."""
         p = self.plan()
         anchors = set(p.anchors)
         scored = []
         for s in self.stats():
             if s.task_id in anchors or p.strata[s.task_id] in ("new", "mid"):
                 continue
-            d = distance(evidence(s)[1], self.policy)
+            rate = sigmoid(s.meta["logit"]) if "logit" in s.meta else evidence(s)[1]
+            d = distance(rate, self.policy)
             if d > 0:
-                scored.append((-d, s.task_id))
-        return [tid for _, tid in sorted(scored)]
+                scored.append((rate is not None and rate < self.policy.lo, -d, s.task_id))
+        return [tid for _, _, tid in sorted(scored)]
+
+    def wanted(self, limit: int) -> int:
+        """How many unseen tasks to admit now, at most `limit`: what the frontier lacks of
+        `policy.frontier` mid tasks, less the tasks already waiting to be placed."""
+        counts = self.strata_counts()
+        return max(0, min(limit, self.policy.frontier - counts["mid"] - counts["new"]))
 
     def observe(self, results: Mapping[str, tuple[int, int]]) -> None:
-        """One round's verified results {task_id: (attempts, successes)}: older evidence decays
-        first, then the round's is added. Results for tasks not in memory are ignored."""
+        """One round's verified results {task_id: (attempts, successes)}: each observed task's
+        belief is moved forward to now and updated, then the drift estimate. Results for tasks
+        not in memory are ignored."""
+        now = self.rounds
         for e in self.entries.values():
             e.recent_attempts *= self.decay
             e.recent_successes *= self.decay
+        surprise: list[tuple[float, int, bool, float]] = []  # (innovation, gap, trained, precision)
         for tid, (n, k) in results.items():
             e = self.entries.get(tid)
             if e is None:
@@ -99,13 +131,53 @@ class ReplayMemory:
             e.recent_successes += k
             e.attempts += n
             e.successes += k
+            if n == 0:
+                continue
+            y, r = observed(n, k)
+            if e.logit is None:
+                e.logit, e.logit_var = y, r
+            else:
+                mean, var = self._predict(e, now)
+                if 0 < k < n:
+                    surprise.append((y - mean, now - e.seen, e.trained, 1.0 / (var + r)))
+                gain = var / (var + r)
+                e.logit, e.logit_var = mean + gain * (y - mean), var * (1.0 - gain)
+            e.seen, e.trained = now, 0 < k < n
+        self._learn_drift(surprise)
+        self.rounds += 1
+
+    def _learn_drift(self, surprise: list[tuple[float, int, bool, float]]) -> None:
+        """Move (drift, lift) toward the weighted least-squares fit of the innovations, each
+        explained as d * gap + l * trained (a small ridge keeps a one-sided round stable)."""
+        if not surprise:
+            return
+        ridge = 1.0
+        a = b = c = u = v = 0.0  # normal equations [[a, b], [b, c]] @ (d, l) = (u, v)
+        for e, gap, trained, w in surprise:
+            t = 1.0 if trained else 0.0
+            a, b, c = a + w * gap * gap, b + w * gap * t, c + w * t * t
+            u, v = u + w * gap * e, v + w * t * e
+        a, c = a + ridge, c + ridge
+        det = a * c - b * b
+        self.drift += self.drift_rate * (c * u - b * v) / det
+        self.lift += self.drift_rate * (a * v - b * u) / det
+
+    def _predict(self, e: Entry, now: int) -> tuple[float, float]:
+        """The belief moved forward from when it was last updated to observation round `now`."""
+        gap = max(0, now - e.seen)
+        lift = self.lift if e.trained and gap > 0 else 0.0
+        return e.logit + self.drift * gap + lift, e.logit_var + self.noise * gap
 
     def stats(self) -> list[TaskStats]:
         """The memory as a curriculum sees it: TaskStats in admission order, recent window in meta."""
-        return [TaskStats(e.task_id, e.attempts, e.successes,
-                          {**e.meta, "recent_attempts": e.recent_attempts, "recent_successes": e.recent_successes,
-                           "admitted": e.admitted})
-                for e in self.entries.values()]
+        out = []
+        for e in self.entries.values():
+            meta = {**e.meta, "recent_attempts": e.recent_attempts, "recent_successes": e.recent_successes,
+                    "admitted": e.admitted}
+            if e.logit is not None:
+                meta["logit"], meta["logit_var"] = self._predict(e, self.rounds)
+            out.append(TaskStats(e.task_id, e.attempts, e.successes, meta))
+        return out
 
     def plan(self) -> Plan:
         return plan(self.stats(), self.policy)
@@ -137,12 +209,16 @@ class ReplayMemory:
     def to_json(self) -> dict[str, Any]:
         pol = asdict(self.policy)
         pol["shares"] = dict(self.policy.shares)
-        return {"policy": pol, "decay": self.decay, "entries": [asdict(e) for e in self.entries.values()],
+        return {"policy": pol, "decay": self.decay, "noise": self.noise, "drift_rate": self.drift_rate,
+                "drift": self.drift, "lift": self.lift, "rounds": self.rounds, "entries": [asdict(e) for e in self.entries.values()],
                 "forgotten": dict(self.forgotten)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ReplayMemory":
-        mem = cls(StrataPolicy(**data["policy"]), float(data["decay"]))
+        mem = cls(StrataPolicy(**data["policy"]), float(data["decay"]), float(data.get("noise", 0.1)),
+                  float(data.get("drift_rate", 0.5)))
+        mem.drift, mem.lift = float(data.get("drift", 0.0)), float(data.get("lift", 0.0))
+        mem.rounds = int(data.get("rounds", 0))
         for e in data["entries"]:
             mem.entries[e["task_id"]] = Entry(**e)
         mem.forgotten = dict(data.get("forgotten", {}))

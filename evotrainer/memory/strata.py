@@ -4,20 +4,26 @@ sampling weights a curriculum returns.
 Pure Python over `evotrainer.api` and the standard library only: `memory/curriculum.py` inlines
 this file's source into a harness's curriculum.py, where harness code may import nothing else.
 
-Strata, by a task's pass rate (recency-weighted when the caller supplies `recent_attempts` and
-`recent_successes` in TaskStats.meta, so it follows the current model; else over all attempts):
+A task's difficulty is a belief about its current pass rate: a normal in logit space, mean and
+variance. The replay memory supplies it in TaskStats.meta (`logit`, `logit_var`: a per-task
+filter that already predicts the model's drift since the task was last seen); otherwise it comes
+from the counts (the recent window `recent_attempts`/`recent_successes` when present, else all
+attempts) with a Jeffreys prior. Strata, by the belief's pass rate:
   new       fewer than `min_attempts` attempts in all: not enough evidence to place it
   unsolved  pass rate 0
   hard      above 0, below the band
-  mid       inside the band [lo, hi]: the frontier, where GRPO groups have reward variance
+  mid       inside the band [lo, hi], or outside it while the belief still puts at least
+            `mid_chance` of its mass inside (a belief centred outside holds at most about half,
+            so only a `mid_chance` below 0.5 widens mid): the frontier, where groups have variance
   easy      above the band, below `mastered_at`
   mastered  at or above `mastered_at`
-Smooth forgetting evicts mastered tasks (once they have `evict_mastered_after` attempts) and
-tasks never solved in `give_up_after` attempts; the hard and easy strata (the band's boundary
-cases) stay. When new tasks need room, the placed task farthest outside the band goes first, so
-boundary cases are the last to leave. The first `anchor_share` of the capacity, in admission
-order, are anchors: never evicted and always sampled with `anchor_mass` of the weight, against
-collapse onto a moving frontier.
+Within mid, a task weighs by its chance of lying in the band, so confident frontier tasks are
+drawn first. Smooth forgetting evicts mastered tasks (once they have `evict_mastered_after`
+attempts) and tasks never solved in `give_up_after` attempts; the hard and easy strata (the
+band's boundary cases) stay. When new tasks need room, the placed task farthest outside the band
+goes first, so boundary cases are the last to leave. The first `anchor_share` of the capacity,
+in admission order, are anchors: never evicted and always sampled with `anchor_mass` of the
+weight, against collapse onto a moving frontier.
 """
 
 import math
@@ -52,13 +58,18 @@ class StrataPolicy:
     # A stratum with fewer members gets that fraction of its share; the rest goes to placing
     # new tasks, so a thin frontier makes the memory look for more rather than overdraw a few.
     min_members: int = 8
+    # An out-of-band task whose belief puts at least this much mass in the band counts as mid.
+    mid_chance: float = 0.5
+    frontier: int = 64  # mid tasks the memory aims to hold; while short, it admits unseen tasks
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lo <= self.hi < self.mastered_at <= 1.0:
             raise ValueError(f"need 0 <= lo <= hi < mastered_at <= 1, got lo {self.lo}, hi {self.hi}, "
                              f"mastered_at {self.mastered_at}")
-        if self.capacity < 1 or self.min_attempts < 1 or self.min_members < 1:
-            raise ValueError("capacity, min_attempts and min_members must be >= 1")
+        if self.capacity < 1 or self.min_attempts < 1 or self.min_members < 1 or self.frontier < 0:
+            raise ValueError("capacity, min_attempts and min_members must be >= 1, frontier >= 0")
+        if not 0.0 < self.mid_chance <= 1.0:
+            raise ValueError(f"mid_chance must be in (0, 1], got {self.mid_chance}")
         if not 0.0 <= self.anchor_share <= 1.0 or not 0.0 <= self.anchor_mass < 1.0:
             raise ValueError("anchor_share must be in [0, 1] and anchor_mass in [0, 1)")
         unknown = sorted(set(self.shares) - set(STRATA))
@@ -77,18 +88,63 @@ def _num(value: Any) -> Optional[float]:
     return float(value) if ok else None
 
 
+def logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+def observed(n: float, k: float) -> Tuple[float, float]:
+    """k successes of n attempts as a belief (mean, variance) in logit space: the Jeffreys
+    posterior mean and its delta-method variance, finite even at 0 or n successes."""
+    p = (k + 0.5) / (n + 1.0)
+    return logit(p), 1.0 / ((n + 1.0) * p * (1.0 - p))
+
+
+def belief(stats: TaskStats) -> Optional[Tuple[float, float]]:
+    """The current pass rate as (mean, variance) in logit space; None without evidence."""
+    mean, var = _num(stats.meta.get("logit")), _num(stats.meta.get("logit_var"))
+    if mean is not None and var is not None and var > 0:
+        return mean, var
+    recent, won = _num(stats.meta.get("recent_attempts")), _num(stats.meta.get("recent_successes"))
+    if recent is not None and recent > 0 and won is not None:
+        return observed(recent, min(recent, max(0.0, won)))
+    return observed(stats.attempts, stats.successes) if stats.attempts else None
+
+
 def evidence(stats: TaskStats) -> Tuple[int, Optional[float]]:
-    """(attempts in all, pass rate): the recency-weighted rate from meta when present, else
-    successes / attempts; None without attempts."""
+    """(attempts in all, pass rate): the memory's belief when it supplies one, else the
+    recent-window rate from meta when present, else successes / attempts; None without attempts."""
+    b = _num(stats.meta.get("logit"))
+    if b is not None and belief(stats) is not None:
+        return stats.attempts, sigmoid(b)
     recent, won = _num(stats.meta.get("recent_attempts")), _num(stats.meta.get("recent_successes"))
     if recent is not None and recent > 0 and won is not None:
         return stats.attempts, min(1.0, max(0.0, won / recent))
     return stats.attempts, (stats.successes / stats.attempts if stats.attempts else None)
 
 
-def stratum(attempts: int, rate: Optional[float], policy: StrataPolicy) -> str:
+def band_chance(stats: TaskStats, policy: "StrataPolicy") -> float:
+    """The belief's probability that the current pass rate lies in [lo, hi] (0 without evidence)."""
+    b = belief(stats)
+    if b is None:
+        return 0.0
+    mean, sd = b[0], math.sqrt(b[1])
+
+    def below(p: float) -> float:  # P(pass rate <= p)
+        return 0.5 * (1.0 + math.erf((logit(min(max(p, 1e-9), 1.0 - 1e-9)) - mean) / (sd * math.sqrt(2.0))))
+
+    return max(0.0, below(policy.hi) - below(policy.lo))
+
+
+def stratum(attempts: int, rate: Optional[float], policy: StrataPolicy, chance: float = 0.0) -> str:
+    """The stratum of a task; `chance` is its belief's mass in the band (see band_chance)."""
     if attempts < policy.min_attempts or rate is None:
         return "new"
+    if chance >= policy.mid_chance:
+        return "mid"
     if rate <= 0.0:
         return "unsolved"
     if rate >= policy.mastered_at:
@@ -105,6 +161,16 @@ def distance(rate: Optional[float], policy: StrataPolicy) -> float:
     if rate is None:
         return 0.0
     return max(policy.lo - rate, rate - policy.hi, 0.0)
+
+
+def place(stats: TaskStats, policy: StrataPolicy) -> Tuple[str, float]:
+    """(stratum, chance of lying in the band). A task never solved stays "unsolved" until its
+    belief (which may have drifted up since it was last seen) reaches `mid_chance`."""
+    attempts, rate = evidence(stats)
+    chance = band_chance(stats, policy)
+    if stats.successes <= 0 and attempts >= policy.min_attempts and chance < policy.mid_chance:
+        return "unsolved", chance
+    return stratum(attempts, rate, policy, chance), chance
 
 
 def forgettable(stats: TaskStats, policy: StrataPolicy) -> Optional[str]:
@@ -140,14 +206,17 @@ class Plan:
 def plan(task_stats: Sequence[TaskStats], policy: StrataPolicy) -> Plan:
     """Place every task (given in admission order) in a stratum, forget, cut to capacity, weigh.
 
-    Each stratum's target share is split evenly among its members in memory. A stratum with
+    Each stratum's target share is split among its members in memory, evenly except in mid,
+    where members weigh by their chance of lying in the band. A stratum with
     fewer than `min_members` members keeps only that fraction of its share; the rest, and the
     share of empty strata, goes to "new" tasks when there are any (to place them), else to the
     present strata in proportion to their shares. The weights always sum to 1.
     """
     placed: List[Tuple[TaskStats, str, Optional[str]]] = []
+    chance: Dict[str, float] = {}
     for s in task_stats:
-        placed.append((s, stratum(*evidence(s), policy), forgettable(s, policy)))
+        st, chance[s.task_id] = place(s, policy)
+        placed.append((s, st, forgettable(s, policy)))
     anchors = tuple(s.task_id for s, _, _ in placed[: policy.n_anchors])
     anchor_set = set(anchors)
     evicted: Dict[str, str] = {}
@@ -179,8 +248,11 @@ def plan(task_stats: Sequence[TaskStats], policy: StrataPolicy) -> Plan:
     free_mass = 1.0 - (policy.anchor_mass if anchors else 0.0)
     weights = {s.task_id: 0.0 for s, _, _ in placed}
     for st, ids in members.items():
+        # Mid members weigh by their chance of lying in the band (floored, so none starves).
+        pull = {tid: max(0.05, chance[tid]) if st == "mid" else 1.0 for tid in ids}
+        norm = sum(pull.values())
         for tid in ids:
-            weights[tid] = free_mass * present[st] / total / len(ids)
+            weights[tid] = free_mass * present[st] / total * pull[tid] / norm
     if anchors:
         mass = policy.anchor_mass if members else 1.0
         for tid in anchors:
