@@ -92,9 +92,9 @@ TESTS = textwrap.dedent('''\
 
 
 def swe_trajectory(tmp: Path) -> StoredRollout:
-    """A real multi-turn agent run (scripted policy) on a tiny repo, with the grader's per-test
-    results kept in meta.per_test."""
-    from evotrainer.grade import grade, make_patch, task_from_dict
+    """A real multi-turn agent run (scripted policy) on a tiny repo; the trusted check keeps the
+    grader's per-test results in meta.per_test."""
+    from evotrainer.grade import make_patch, task_from_dict
     from evotrainer.scaffold.agent import ScriptedPolicy, run_agent, to_rollout
 
     buggy = CLEAN.replace("if x > hi:", "if x >= hi + 1:")
@@ -114,12 +114,7 @@ def swe_trajectory(tmp: Path) -> StoredRollout:
     policy = ScriptedPolicy(['{"tool": "view", "path": "shapes.py", "start": 1, "end": 6}', fix,
                              '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}'])
     result = run_agent(task, policy, max_steps=6)
-    graded = grade(task, result.patch, timeout_s=60)
     rollout = to_rollout(task, result, group_id="swe-g0", num_tokens=120)
-    meta = {**dict(rollout.meta), "per_test": dict(graded.per_test)}
-    rollout = Rollout(rollout.id, rollout.task_id, rollout.group_id, rollout.domain, rollout.prompt,
-                      rollout.completion, rollout.turns, rollout.outcome, rollout.num_tokens,
-                      rollout.truncated, meta)
     return StoredRollout(rollout, {"correct": float(rollout.outcome.success)}, float(rollout.outcome.success))
 
 

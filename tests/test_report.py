@@ -94,13 +94,21 @@ def test_report_paginates_and_filters_a_store_only_workspace(tmp_path):
     assert len(detail) == 2 * -(-128 // DETAIL_PAGE)
     seen = [m for p in detail for m in re.findall(r'id="s(\d+)"', p.read_text())]
     assert len(seen) == len(set(seen)) == 256  # every rollout once, in full
-    wrong = [p for p in (out / "rollouts").glob("r*/k-wrong-*.html") if re.fullmatch(r"k-wrong-\d+\.html", p.name)]
-    rows = sum(p.read_text().count("<tr><td><a href=") for p in wrong)
+
+    def listed(pattern: str) -> list[str]:
+        """Row links of the cell listings whose facet matches `pattern` (every page of each)."""
+        return [href for p in (out / "rollouts").glob("r*/*.html") if re.fullmatch(pattern + r"-\d+\.html", p.name)
+                for href in re.findall(r'<tr><td><a href="([^"]+)"', p.read_text())]
+
+    cells = listed(r"k-[a-z_]+-(kept|filtered|unscored)")
+    assert len(cells) == len(set(cells)) == 256  # and once as a listing row, in its (kind, kept) cell
     with Store.open(ws) as store:
-        assert rows == store.count_rollouts(kind="wrong")
-    filtered = sum(p.read_text().count("<tr><td><a href=") for p in (out / "rollouts").glob("r*/filtered-*.html")
-                   if re.fullmatch(r"filtered-\d+\.html", p.name))
-    assert filtered == 2 * 2 * 8  # j == 7 of every group is filtered
+        assert len(listed(r"k-wrong-(kept|filtered)")) == store.count_rollouts(kind="wrong")
+    assert len(listed(r"k-[a-z_]+-filtered")) == 2 * 2 * 8  # j == 7 of every group is filtered
+    # Filtering by one dimension opens a page that links the cells it spans, not a copy of them.
+    wrong = (out / "rollouts" / "r1" / "k-wrong-1.html").read_text()
+    assert 'href="k-wrong-kept-1.html"' in wrong and 'href="k-wrong-filtered-1.html"' in wrong
+    assert "<tr><td><a href=\"all-" not in wrong
     overview = (out / "index.html").read_text()
     assert "0.400" in overview and 'class="chart"' in overview and "datum" in overview
     assert "no harness repo" in (out / "lineage.html").read_text()
@@ -112,6 +120,20 @@ def test_report_paginates_and_filters_a_store_only_workspace(tmp_path):
     with pytest.raises(ReportError):
         build_report(ws, other)
     assert (other / "notes.txt").read_text() == "keep"
+
+
+def test_reward_histogram_is_bounded_and_exact_when_small():
+    from evotrainer.backtest.metrics import HISTOGRAM_BINS, reward_histogram
+
+    small = reward_histogram({"base": {0.0: [1, 5], 1.0: [4, 0]}, "candidate": {0.5: [2, 1]}})
+    assert small == {"exact": True, "values": [0.0, 0.5, 1.0],
+                     "base": {"success": [1, 0, 4], "failure": [5, 0, 0]},
+                     "candidate": {"success": [0, 2, 0], "failure": [0, 1, 0]}}
+    many = {i / 1000: [i % 2, 1 - i % 2] for i in range(1001)}
+    big = reward_histogram({"base": many, "candidate": {0.0: [3, 0]}})
+    assert not big["exact"] and len(big["values"]) == HISTOGRAM_BINS == len(big["edges"]) - 1
+    assert sum(big["base"]["success"]) == 500 and sum(big["base"]["failure"]) == 501
+    assert big["base"]["failure"][-1] > 0 and big["candidate"]["success"][0] == 3  # ends land in the end bins
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +165,23 @@ def test_every_page_in_headless_chromium(workspace, tmp_path, artifacts_dir):
             pytest.fail("EVOTRAINER_REQUIRE_CHROMIUM is set but chromium is not installed")
         pytest.skip("chromium is not installed (Debian: apt-get install -y chromium; .ci/run does it)")
     out = tmp_path / "site"
-    summary = build_report(workspace, out)
+    # One report as written before backtests kept their reward distribution: the report replays
+    # the harnesses for that one (and says so); the others draw what the backtest stored.
+    reports = sorted(p for p in (workspace / "backtests").glob("*.json")
+                     if json.loads(p.read_text())["metrics"]["base"])
+    old = json.loads(reports[0].read_text())
+    assert old["reward_distribution"]["exact"]
+    stored = old.pop("reward_distribution")
+    reports[0].write_text(json.dumps(old))
+    try:
+        summary = build_report(workspace, out)
+    finally:
+        reports[0].write_text(json.dumps({**old, "reward_distribution": stored}))
     pages = check_site(out)
     assert summary.pages == len(pages)
+    section = (out / "backtests.html").read_text().split(f'id="bt-{old["id"]}"')[1].split("</section>")[0]
+    assert "predates stored distributions: recomputed" in section and 'class="chart"' in section
+    assert (out / "backtests.html").read_text().count("as the backtest scored them") == len(reports) - 1
     lineage = (out / "lineage.html").read_text()
     for needle in ("Diagnosis", "Targets", "Expected", "Backtest", "Reverted-Because", "Verification: reverted",
                    'class="hl code"', "Candidates not promoted"):

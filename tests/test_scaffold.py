@@ -148,6 +148,11 @@ def test_swe_domain_on_a_task_file(task):
     assert t.meta["path"] == "shapes.py" and t.answer.startswith("diff --git")
     assert domain.check(t, FIX, False).success
     assert domain.check(t, "nonsense", False).kind == "format_error"
+    # The trusted check also gives the grader's per-test results, which the recorder stores.
+    outcome, meta = domain.check_meta(t, FIX.replace("if x > hi:", "if x > hi + 5:"), False)
+    assert outcome.kind == "wrong"
+    assert meta == {"per_test": {"test_shapes.py::test_high": "failed", "test_shapes.py::test_low": "passed"}}
+    assert domain.check_meta(t, "nonsense", False)[1] == {}
 
 
 # ---------------------------------------------------------------- the agent scaffold
@@ -183,6 +188,7 @@ def test_agent_reaches_submitted_and_resolves(task):
     assert "2 passed" in observations[3]
     rollout = to_rollout(swe, result)
     assert rollout.outcome.success and rollout.meta["exit_status"] == "submitted" and not rollout.truncated
+    assert rollout.meta["per_test"] == {"test_shapes.py::test_high": "passed", "test_shapes.py::test_low": "passed"}
 
 
 def test_agent_terminal_states(task):

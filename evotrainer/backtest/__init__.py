@@ -118,6 +118,8 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
     if not same_rollouts:
         mismatches.insert(0, f"rollouts: {old['n_rollouts']} ({old['rollout_ids_sha256'][:12]}) -> "
                              f"{run.selection.count} ({run.selection.ids_sha256[:12]})")
+    if old.get("reward_distribution") is not None and old["reward_distribution"] != run.distribution:
+        mismatches.append("reward_distribution: the per-class reward histogram differs")
     for key, now in (("decision", decision.decision), ("target", decision.target)):
         if old[key] != now:
             mismatches.append(f"{key}: {old[key]!r} -> {now!r}")

@@ -33,7 +33,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from evotrainer.api import Outcome, Rollout, Turn
-from evotrainer.backtest.metrics import Tally, group_advantages, is_flagged
+from evotrainer.backtest.metrics import Tally, group_advantages, is_flagged, reward_histogram
 from evotrainer.config import GateConfig
 from evotrainer.harness.loader import HARNESS_FILES
 from evotrainer.harness.sandbox import CandidateFailure, SandboxedHarness, SandboxLimits, SandboxPool
@@ -438,6 +438,9 @@ class BacktestRun:
     failure: CandidateFailure | None
     timings: dict[str, float] = field(default_factory=dict)
     workers: int = 0
+    # Training reward of verified successes and failures per side (metrics.reward_histogram),
+    # from the same exact tallies as the metrics: the report draws it without replaying harnesses.
+    distribution: dict[str, Any] | None = None
 
 
 def worker_url(store: Store) -> str:
@@ -553,7 +556,8 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
         timings["startup_s"] = round(ready - start, 3)
         timings["rollouts_per_s"] = round(selection.count / wall, 1) if wall else 0.0
         metrics = {label: totals[label].metrics() for label in LABELS}
-        return BacktestRun(selection, metrics, None, timings, workers)
+        distribution = reward_histogram({label: totals[label].auc for label in LABELS})
+        return BacktestRun(selection, metrics, None, timings, workers, distribution)
     return BacktestRun(selection, None, failure, timings, workers)
 
 

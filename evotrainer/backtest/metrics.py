@@ -256,6 +256,46 @@ def judge_agreement(votes: Sequence[tuple[str, bool | None, int | None, bool, bo
     return out
 
 
+HISTOGRAM_VALUES = 64  # up to this many distinct rewards are kept exactly, else binned
+HISTOGRAM_BINS = 40
+
+
+def reward_histogram(sides: dict[str, dict[float, list[int]]]) -> dict[str, Any]:
+    """The training-reward distribution of verified successes and failures per side, from each
+    side's per-value counts (Tally.auc: reward -> [successes, failures]), bounded in size: the
+    distinct rewards of all sides exactly when there are at most HISTOGRAM_VALUES of them, else
+    HISTOGRAM_BINS equal-width bins over their shared range (each bin drawn at its centre).
+
+    {"exact": bool, "values": [...], "edges": [...] (binned only), "<side>": {"success": [n...],
+    "failure": [n...]}}: what the report's ordering chart draws, without replaying any harness."""
+    distinct = sorted({v for counts in sides.values() for v in counts})
+    out: dict[str, Any] = {"exact": len(distinct) <= HISTOGRAM_VALUES}
+    if out["exact"]:
+        out["values"] = distinct
+        where = {v: i for i, v in enumerate(distinct)}
+
+        def slot(v: float) -> int:
+            return where[v]
+        size = len(distinct)
+    else:
+        lo, hi = distinct[0], distinct[-1]
+        width = (hi - lo) / HISTOGRAM_BINS
+        out["edges"] = [lo + width * i for i in range(HISTOGRAM_BINS)] + [hi]
+        out["values"] = [lo + width * (i + 0.5) for i in range(HISTOGRAM_BINS)]
+
+        def slot(v: float) -> int:
+            return min(HISTOGRAM_BINS - 1, int((v - lo) / width))
+        size = HISTOGRAM_BINS
+    for label, counts in sides.items():
+        success, failure = [0] * size, [0] * size
+        for value, (wins, losses) in counts.items():
+            i = slot(value)
+            success[i] += wins
+            failure[i] += losses
+        out[label] = {"success": success, "failure": failure}
+    return out
+
+
 def is_flagged(kind: str, flags: Sequence[str]) -> bool:
     return kind in FLAGGED_KINDS or "tampering" in flags
 
@@ -267,4 +307,5 @@ def improvement(name: str, base: float, candidate: float) -> float:
 
 
 __all__ = ["COUNTS", "DEFAULT_TARGETS", "EPS", "ExactSum", "LOWER_IS_BETTER", "METRICS",
-           "SAFETY_METRICS", "Tally", "group_advantages", "improvement", "is_flagged", "judge_agreement"]
+           "SAFETY_METRICS", "Tally", "group_advantages", "improvement", "is_flagged", "judge_agreement",
+           "reward_histogram"]

@@ -57,6 +57,8 @@ def build_report(backtest_id: str, *, base_rev: str, base_sha: str, candidate_re
         "gate": gate.model_dump(),
         "timings": {**run.timings, "workers": run.workers},
     }
+    if run.distribution is not None:
+        report["reward_distribution"] = run.distribution
     if selection.selector.ids is not None:
         report["rollout_ids"] = list(selection.selector.ids)
     return report

@@ -18,7 +18,7 @@ import hashlib
 import random
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -143,14 +143,38 @@ def _test_flags(task: SweTask, result: GradeResult) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def grade_outcome(task: SweTask, patch: str, timeout_s: float, extra_flags: Iterable[str] = ()) -> Outcome:
-    """Grade a diff on the task's buggy state with the trusted grader; add the test-tier flags."""
+PER_TEST_LIMIT = 200  # tests kept per rollout; a real suite can list thousands of PASS_TO_PASS
+TEST_ID_CHARS = 300
+
+
+def per_test_meta(task: SweTask, per_test: Mapping[str, str]) -> dict[str, Any]:
+    """The grader's per-test statuses for a rollout's meta, bounded: {"per_test": {test id:
+    status}} with FAIL_TO_PASS first, then the other tests that did not pass, then passing ones;
+    `per_test_omitted` counts what the bound left out."""
+    f2p = set(task.FAIL_TO_PASS)
+    ordered = sorted(per_test.items(), key=lambda kv: (kv[0] not in f2p, kv[1] == "passed"))
+    kept = {str(name)[:TEST_ID_CHARS]: str(status) for name, status in ordered[:PER_TEST_LIMIT]}
+    out: dict[str, Any] = {"per_test": kept} if kept else {}
+    if len(ordered) > PER_TEST_LIMIT:
+        out["per_test_omitted"] = len(ordered) - PER_TEST_LIMIT
+    return out
+
+
+def grade_checked(task: SweTask, patch: str, timeout_s: float,
+                  extra_flags: Iterable[str] = ()) -> tuple[Outcome, dict[str, Any]]:
+    """Grade a diff on the task's buggy state with the trusted grader; the outcome with the
+    test-tier flags, and the rollout meta that records the per-test results (per_test_meta)."""
     result = grade_patch(task, patch, timeout_s=timeout_s)  # the grader applies the task's bug_patch itself
     o = result.outcome
     flags = tuple(extra_flags) + tuple(o.flags)
     if o.kind in ("ok", "wrong", "timeout"):
         flags += _test_flags(task, result)
-    return Outcome(o.success, o.score, o.kind, tuple(dict.fromkeys(flags)))
+    return Outcome(o.success, o.score, o.kind, tuple(dict.fromkeys(flags))), per_test_meta(task, result.per_test)
+
+
+def grade_outcome(task: SweTask, patch: str, timeout_s: float, extra_flags: Iterable[str] = ()) -> Outcome:
+    """grade_checked without the meta."""
+    return grade_checked(task, patch, timeout_s, extra_flags)[0]
 
 
 def check_edit(task: SweTask, completion: str, truncated: bool, path: str | None,
@@ -158,24 +182,30 @@ def check_edit(task: SweTask, completion: str, truncated: bool, path: str | None
     """The verified outcome of one edit-scaffold completion. Never raises. `path`: the file the
     prompt showed (for blocks without a path line); `near`: a line of the excerpt shown there
     (where a SEARCH text that occurs several times is taken)."""
+    return check_edit_meta(task, completion, truncated, path, timeout_s, near)[0]
+
+
+def check_edit_meta(task: SweTask, completion: str, truncated: bool, path: str | None,
+                    timeout_s: float = 60.0, near: int | None = None) -> tuple[Outcome, dict[str, Any]]:
+    """check_edit, plus the rollout meta of a graded patch (the grader's per-test results)."""
     try:
         if not isinstance(completion, str) or not completion.strip():
-            return Outcome(False, 0.0, "empty")
+            return Outcome(False, 0.0, "empty"), {}
         try:
             edits = parse_edits(completion, default_path=path)
         except EditFormatError:
-            return Outcome(False, 0.0, "truncated" if truncated else "format_error")
+            return Outcome(False, 0.0, "truncated" if truncated else "format_error"), {}
         try:
             patch = edits_to_patch(lambda rel: repos.read_buggy(task, rel) if safe_path(rel) else None, edits,
                                    {path: near} if path and near else None)
         except EditApplyError as exc:
             flags = ("format_ok", exc.reason) + (("tampering",) if exc.reason == "unsafe_path" else ())
-            return Outcome(False, 0.0, "patch_failed", flags)
+            return Outcome(False, 0.0, "patch_failed", flags), {}
         if not patch.strip():
-            return Outcome(False, 0.0, "empty", ("format_ok", "no_change"))
-        return grade_outcome(task, patch, timeout_s, ("format_ok",))
+            return Outcome(False, 0.0, "empty", ("format_ok", "no_change")), {}
+        return grade_checked(task, patch, timeout_s, ("format_ok",))
     except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
-        return Outcome(False, 0.0, "error", ("checker_error",))
+        return Outcome(False, 0.0, "error", ("checker_error",)), {}
 
 
 # ---------------------------------------------------------------- the domain
@@ -230,17 +260,22 @@ class SweDomain:
         return [self._task(i) for i in ids[:n]]
 
     def check(self, task: Task, completion: str, truncated: bool) -> Outcome:
+        return self.check_meta(task, completion, truncated)[0]
+
+    def check_meta(self, task: Task, completion: str, truncated: bool) -> tuple[Outcome, dict[str, Any]]:
+        """check, plus what the trusted check adds to the rollout's meta (the grader's per-test
+        results); the recorder stores it with the rollout."""
         try:
             swe = self.swe_task(task)
         except KeyError:
-            return Outcome(False, 0.0, "error", ("unknown_task",))
+            return Outcome(False, 0.0, "error", ("unknown_task",)), {}
         if self.scaffold == "agent":  # the agent loop already produced a diff (see scaffold/agent.py)
             if not completion.strip():
-                return Outcome(False, 0.0, "empty")
+                return Outcome(False, 0.0, "empty"), {}
             try:
-                return grade_outcome(swe, completion, self.grade_timeout_s)
+                return grade_checked(swe, completion, self.grade_timeout_s)
             except Exception:  # noqa: BLE001
-                return Outcome(False, 0.0, "error", ("checker_error",))
+                return Outcome(False, 0.0, "error", ("checker_error",)), {}
         meta = task.meta
         near = (meta["start"] + meta["end"]) // 2 if "start" in meta and "end" in meta else None
-        return check_edit(swe, completion, truncated, meta.get("path"), self.grade_timeout_s, near)
+        return check_edit_meta(swe, completion, truncated, meta.get("path"), self.grade_timeout_s, near)

@@ -29,16 +29,6 @@ class Marker:
 
 
 @dataclass
-class Strip:
-    """One category of a strip plot: values drawn as jittered dots plus a median bar."""
-
-    label: str
-    values: list[float]
-    colour: str
-    group: str = ""  # a heading shared by neighbouring strips (e.g. "base", "candidate")
-
-
-@dataclass
 class _Frame:
     width: int = 640
     height: int = 300
@@ -187,18 +177,31 @@ def line_chart(series: Sequence[Series], *, x_label: str, y_label: str, title: s
     return _svg(frame, title, body)
 
 
-def _jitter(i: int) -> float:
-    """A deterministic spread in [-1, 1] (golden-ratio sequence), so reports are reproducible."""
-    return ((i * 0.6180339887) % 1.0) * 2 - 1
+@dataclass
+class Histogram:
+    """One category of a histogram-strip plot: counts at values (exact rewards or bin centres)."""
+
+    label: str
+    counts: list[tuple[float, int]]
+    colour: str
+    group: str = ""
+
+    @property
+    def n(self) -> int:
+        return sum(c for _, c in self.counts)
 
 
-def strip_chart(strips: Sequence[Strip], *, y_label: str, title: str, max_dots: int = 300) -> str:
-    """Dots per category (jittered sideways) with a median bar and the count under each strip."""
-    values = [v for s in strips for v in s.values]
+def histogram_chart(strips: Sequence[Histogram], *, y_label: str, title: str, bin_width: float = 0.0) -> str:
+    """Side-by-side horizontal histograms ("bean" strips): at each value a bar centred on the strip
+    whose width is its count relative to the strip's largest count, plus a median bar. Sized by
+    the number of values, never by the number of rollouts. `bin_width` > 0: bars span their bin."""
+    values = [v for s in strips for v, c in s.counts if c]
     if not values:
         return ""
     frame = _Frame(height=320, bottom=84)
-    ticks = nice_ticks(min(0.0, min(values)), max(values) if max(values) > 0 else 1.0)
+    # Pad the range so bars at the extremes are drawn whole, not cut by the frame.
+    pad = max(bin_width / 2, 0.04 * ((max(values) - min(values)) or 1.0))
+    ticks = nice_ticks(min(0.0, min(values) - pad), max(values) + pad if max(values) > 0 else 1.0)
     lo, hi = ticks[0], ticks[-1]
 
     def py(y: float) -> float:
@@ -208,6 +211,7 @@ def strip_chart(strips: Sequence[Strip], *, y_label: str, title: str, max_dots: 
     base_y = frame.top + frame.plot_h
     body.append(f'<line x1="{frame.left}" x2="{frame.left + frame.plot_w}" y1="{base_y}" y2="{base_y}" stroke="#333"/>')
     band = frame.plot_w / max(1, len(strips))
+    bar_h = max(2.0, frame.plot_h * bin_width / (hi - lo)) if bin_width > 0 else 3.0
     groups: dict[str, list[float]] = {}
     legend: dict[str, str] = {}
     for i, s in enumerate(strips):
@@ -215,21 +219,28 @@ def strip_chart(strips: Sequence[Strip], *, y_label: str, title: str, max_dots: 
         if s.group:
             groups.setdefault(s.group, []).append(cx)
         legend.setdefault(s.label, s.colour)
-        step = max(1, math.ceil(len(s.values) / max_dots))
-        shown = s.values[::step]
-        body.append(f'<g class="series" data-points="{len(s.values)}">')
-        for j, v in enumerate(shown):
-            body.append(f'<circle class="datum" cx="{cx + _jitter(j) * band * 0.3:.1f}" cy="{py(v):.1f}" r="3" '
-                        f'fill="{s.colour}" fill-opacity="0.45"/>')
-        if s.values:
-            ordered = sorted(s.values)
-            med = ordered[len(ordered) // 2]
-            body.append(f'<line class="datum" x1="{cx - band * 0.38:.1f}" x2="{cx + band * 0.38:.1f}" '
+        top = max((c for _, c in s.counts), default=0)
+        body.append(f'<g class="series" data-points="{s.n}">')
+        if s.n:  # the median first, full band width: the bars cover it, its ends stay visible
+            half_n, seen, med = (s.n - 1) // 2, 0, 0.0
+            for v, c in sorted(s.counts):
+                seen += c
+                if seen > half_n:
+                    med = v
+                    break
+            body.append(f'<line class="datum" x1="{cx - band * 0.48:.1f}" x2="{cx + band * 0.48:.1f}" '
                         f'y1="{py(med):.1f}" y2="{py(med):.1f}" stroke="#111" stroke-width="2">'
                         f"<title>median {med:.4g}</title></line>")
+        for v, c in s.counts:
+            if not c:
+                continue
+            half = max(1.0, band * 0.42 * c / top)
+            body.append(f'<rect class="datum" x="{cx - half:.1f}" y="{py(v) - bar_h / 2:.1f}" width="{2 * half:.1f}" '
+                        f'height="{bar_h:.1f}" fill="{s.colour}" fill-opacity="0.75">'
+                        f"<title>{escape(s.group)} {escape(s.label)}: {c} at {v:.4g}</title></rect>")
         body.append("</g>")
         body.append(f'<text x="{cx:.1f}" y="{base_y + 15}" text-anchor="middle" font-size="11" {FONT}>'
-                    f"{escape(s.label)} (n={len(s.values)})</text>")
+                    f"{escape(s.label)} (n={s.n})</text>")
     for name, centres in groups.items():
         mid = sum(centres) / len(centres)
         body.append(f'<text x="{mid:.1f}" y="{base_y + 32}" text-anchor="middle" font-size="12" '
@@ -238,4 +249,4 @@ def strip_chart(strips: Sequence[Strip], *, y_label: str, title: str, max_dots: 
     return _svg(frame, title, body)
 
 
-__all__ = ["Marker", "Series", "Strip", "line_chart", "nice_ticks", "strip_chart"]
+__all__ = ["Histogram", "Marker", "Series", "histogram_chart", "line_chart", "nice_ticks"]

@@ -1,10 +1,9 @@
-"""Training-reward distributions of a backtest's rollouts under its base and candidate harness,
-split by verified outcome: what the report's ordering chart draws.
+"""The fallback for backtest reports written before backtests kept their reward distribution
+(report key `reward_distribution`, see backtest.metrics.reward_histogram): recompute it by
+replaying both harness versions over a sample of the same stored rollouts.
 
-Backtest reports keep metrics, not per-rollout rewards, so the rewards are recomputed here by
-replaying both harness versions over (a sample of) the same stored rollouts. Harness code is
-untrusted, so it runs in the sandboxed worker pool the backtest engine uses; a harness that
-fails there only leaves its chart out.
+Harness code is untrusted, so it runs in the sandboxed worker pool the backtest engine uses; a
+harness that fails there only leaves its chart out. Newer reports never come here.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any, Callable, ContextManager, Mapping
 
 from evotrainer.api import Rollout, rollout_from_dict, rollout_to_dict
 from evotrainer.backtest.engine import Selector
+from evotrainer.backtest.metrics import reward_histogram
 from evotrainer.harness.repo import HarnessRepo, HarnessRepoError
 from evotrainer.harness.sandbox import CandidateFailure, SandboxError, SandboxLimits, SandboxPool
 from evotrainer.store import Store
@@ -68,8 +68,7 @@ def _score(repo: HarnessRepo, shas: list[str], work: list[tuple[list[str], list[
 
 
 def reward_distributions(store: Store, repo: HarnessRepo, reports: list[dict]) -> dict[str, dict]:
-    """backtest id -> {"n": sample size, "base": {"success": [...], "failure": [...]},
-    "candidate": {...}} (or {"error": why}). All harness versions share one sandbox pool; if one
+    """backtest id -> {"n": sample size, **reward_histogram(...)} (or {"error": why}). All harness versions share one sandbox pool; if one
     of them cannot even load there, each backtest is retried in a pool of its own."""
     samples: dict[str, list[Rollout]] = {}
     work: list[tuple[dict, list[str], list[Rollout]]] = []
@@ -103,10 +102,10 @@ def reward_distributions(store: Store, repo: HarnessRepo, reports: list[dict]) -
         if "error" in rewards:
             out[bt["id"]] = rewards
             continue
-        entry: dict[str, Any] = {"n": len(rollouts)}
+        sides: dict[str, dict[float, list[int]]] = {}
         for side, sha in zip(("base", "candidate"), shas):
-            values = rewards[sha]
-            entry[side] = {"success": [v for r, v in zip(rollouts, values) if r.outcome.success],
-                           "failure": [v for r, v in zip(rollouts, values) if not r.outcome.success]}
-        out[bt["id"]] = entry
+            counts = sides[side] = {}
+            for r, v in zip(rollouts, rewards[sha]):
+                counts.setdefault(v, [0, 0])[0 if r.outcome.success else 1] += 1
+        out[bt["id"]] = {"n": len(rollouts), **reward_histogram(sides)}
     return out

@@ -1,20 +1,22 @@
-"""The report's rollout browser: static pages, paginated, streamed from the store.
+"""The report's rollout browser: static pages, paginated, streamed from the store page by page.
 
-Every round gets detail pages (each rollout in full, once: prompt, turn by turn trajectory,
-patch, per-test results) and compact filtered listings (by outcome kind, by kept or filtered,
-and both) whose rows link to the rollout's place on the detail pages. Rows are read in one
-ordered pass and pages are written as they fill, so memory holds one page per listing, and
-no page grows with the store: a 100k-rollout store makes more pages, not bigger ones.
+Each round has detail pages (`all-N.html`: every rollout once, in full: prompt, turn by turn
+trajectory, patch, per-test results) and one compact listing per (outcome kind, kept or
+filtered) cell whose rows link to the rollout on its detail page: a rollout is written once in
+full and once as a listing row. Filtering by kind alone or by kept alone opens a small page that
+links the cells it spans, so no row is repeated per filter. Rows are read by keyset pages of
+one round at a time; row HTML is formatted in Python (100k rows through a template loop is the
+slow part) and each page's template is rendered once. Memory holds a page per listing, and no
+page grows with the store: a 100k-rollout store makes more pages, not bigger ones.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterator
 
 from markupsafe import Markup, escape
 from sqlalchemy import func, select
@@ -22,13 +24,14 @@ from sqlalchemy import func, select
 from evotrainer.store import Store
 from evotrainer.store.models import RolloutRow, Round, Run
 
-DETAIL_PAGE = 50
-LIST_PAGE = 200
-PREVIEW = 90
+DETAIL_PAGE = 100
+LIST_PAGE = 500
+FETCH = 2000  # rows per keyset query
+PREVIEW = 80
 _COLUMNS = ("id", "seq", "round_id", "step", "task_id", "group_id", "domain", "prompt", "completion",
             "turns", "outcome_success", "outcome_score", "outcome_kind", "outcome_flags", "num_tokens",
             "truncated", "meta", "reward_components", "reward", "advantage", "kept", "model_version",
-            "harness_version", "seed")
+            "harness_version")
 
 
 def kept_label(kept: bool | None) -> str:
@@ -59,16 +62,19 @@ class Scope:
         return sum(n for (k, c), n in self.counts.items() if (kind in (None, k)) and (kept in (None, c)))
 
     def pages(self, facet: str) -> int:
+        """Pages of a facet: detail pages for "all", listing pages for a cell, one filter page
+        for a kind alone or a kept label alone."""
         kind, kept = _parse_facet(facet)
-        size = DETAIL_PAGE if facet == "all" else LIST_PAGE
-        return max(1, math.ceil(self.facet_count(kind, kept) / size))
+        if facet == "all":
+            return max(1, math.ceil(self.total / DETAIL_PAGE))
+        if kind and kept:
+            return max(1, math.ceil(self.facet_count(kind, kept) / LIST_PAGE))
+        return 1
 
-    def facets(self) -> list[tuple[str | None, str | None]]:
-        kinds = sorted({k for k, _ in self.counts})
-        keeps = sorted({c for _, c in self.counts})
-        out: list[tuple[str | None, str | None]] = [(k, None) for k in kinds] + [(None, c) for c in keeps]
-        out += [(k, c) for k in kinds for c in keeps if self.counts.get((k, c))]
-        return out
+    def cells(self, kind: str | None = None, kept: str | None = None) -> list[tuple[str, str, int]]:
+        """(kind, kept label, n) of the non-empty cells a filter spans."""
+        return [(k, c, n) for (k, c), n in sorted(self.counts.items())
+                if n and kind in (None, k) and kept in (None, c)]
 
 
 def _parse_facet(facet: str) -> tuple[str | None, str | None]:
@@ -105,13 +111,24 @@ def scopes(store: Store) -> list[Scope]:
     return sorted(out.values(), key=lambda s: (s.round_id is None, s.round_id or 0))
 
 
-def _rows(store: Store) -> Iterable[dict[str, Any]]:
+def round_rows(store: Store, round_id: int | None) -> Iterator[dict[str, Any]]:
+    """One round's rows in store order, by keyset pages of FETCH (nothing held past a page)."""
     c = RolloutRow.__table__.c
-    query = select(*(c[name] for name in _COLUMNS)).order_by(c.round_id, c.seq)
-    with store.engine.connect() as conn:
-        result = conn.execution_options(stream_results=True, yield_per=2000).execute(query)
-        for row in result:
-            yield dict(row._mapping)
+    cols = [c[name] for name in _COLUMNS]
+    last = -1
+    while True:
+        query = select(*cols).where(c.seq > last)
+        query = query.where(c.round_id.is_(None) if round_id is None else c.round_id == round_id)
+        with store.engine.connect() as conn:
+            page = conn.execute(query.order_by(c.seq).limit(FETCH)).all()
+        for row in page:
+            yield row._asdict()
+        if len(page) < FETCH:
+            return
+        last = page[-1].seq
+
+
+# ---------------------------------------------------------------- row HTML (formatted, not templated)
 
 
 def _preview(row: dict) -> str:
@@ -120,19 +137,15 @@ def _preview(row: dict) -> str:
     return text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
 
 
-def _num(v: float | None) -> str:
-    return "–" if v is None else f"{v:+.3f}"
+def _num(v: float | None, d: int = 3) -> str:
+    return "–" if v is None else f"{v:+.{d}f}"
 
 
 def compact_row(row: dict, href: str) -> str:
-    """One listing row as HTML; built with string formatting because 100k of them are written."""
-    ok = "ok" if row["outcome_success"] else "fail"
-    kept = kept_label(row["kept"])
+    """One row of a cell listing (kind and kept are the cell's, so not repeated per row)."""
     return (f'<tr><td><a href="{href}">{escape(row["id"][:14])}</a></td><td>{escape(row["task_id"])}</td>'
-            f'<td><span class="kind {ok}">{escape(row["outcome_kind"])}</span></td>'
             f'<td class="num">{_num(row["reward"])}</td><td class="num">{_num(row["advantage"])}</td>'
-            f'<td><span class="keep {kept}">{kept}</span></td><td class="num">{row["num_tokens"]}</td>'
-            f'<td class="preview">{escape(_preview(row))}</td></tr>')
+            f'<td class="num">{row["num_tokens"]}</td><td class="preview">{escape(_preview(row))}</td></tr>')
 
 
 def looks_like_patch(text: str) -> bool:
@@ -159,20 +172,62 @@ def per_test(meta: dict) -> list[tuple[str, str]]:
     return []
 
 
-def detail(row: dict) -> dict[str, Any]:
-    """What the detail template needs for one rollout."""
+def detail_html(row: dict) -> str:
+    """One rollout in full: a summary line that opens to facts, prompt, turns, patch or
+    completion, per-test results and meta. The article's id is the anchor listings link to."""
     meta = row["meta"] or {}
     completion = row["completion"] or ""
-    is_patch = bool(completion) and (row["domain"] == "swe" or looks_like_patch(completion)) and looks_like_patch(completion)
-    shown_meta = {k: v for k, v in meta.items() if k not in ("per_test", "tests")}
-    return {**row, "anchor": f"s{row['seq']}", "kept_label": kept_label(row["kept"]),
-            "patch": patch_html(completion) if is_patch else None, "per_test": per_test(meta),
-            "meta_json": json.dumps(shown_meta, indent=1, sort_keys=True, ensure_ascii=False, default=str)
-            if shown_meta else "", "flags": ", ".join(row["outcome_flags"] or ())}
+    turns = row["turns"] or []
+    ok = "ok" if row["outcome_success"] else "fail"
+    kept = kept_label(row["kept"])
+    comps = "".join(f' <span class="muted">{escape(k)}={_num(v)}</span>'
+                    for k, v in (row["reward_components"] or {}).items() if isinstance(v, (int, float)))
+    step = row["step"] if row["step"] is not None else "–"
+    parts = [
+        f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{escape(row["id"][:14])}</code> '
+        f'<span class="kind {ok}">{escape(row["outcome_kind"])}</span> <span class="muted">task '
+        f'{escape(row["task_id"])} · reward {_num(row["reward"])} · {kept} · {row["num_tokens"]} tokens'
+        f'{f" · {len(turns)} turns" if turns else ""}</span></summary>'
+        f'<div class="scroll"><table class="facts"><tbody>'
+        f'<tr><th>id</th><td><code>{escape(row["id"])}</code></td><th>group</th><td><code>{escape(row["group_id"])}</code></td></tr>'
+        f'<tr><th>outcome</th><td>{escape(row["outcome_kind"])} · success {"yes" if row["outcome_success"] else "no"} · '
+        f'score {row["outcome_score"]}</td><th>flags</th><td>{escape(", ".join(row["outcome_flags"] or ())) or "–"}</td></tr>'
+        f'<tr><th>reward</th><td>{_num(row["reward"], 4)}{comps}</td><th>advantage</th><td>{_num(row["advantage"], 4)}</td></tr>'
+        f'<tr><th>training</th><td>{kept}{" · truncated" if row["truncated"] else ""} · step {step}</td><th>versions</th>'
+        f'<td>model {escape(row["model_version"] or "–")} · harness <code>{escape((row["harness_version"] or "–")[:8])}</code></td></tr>'
+        f'</tbody></table></div><h4>Prompt</h4><pre class="text">{escape(row["prompt"])}</pre>',
+    ]
+    if turns:
+        parts.append('<h4>Trajectory, turn by turn</h4><ol class="turns">')
+        parts += [f'<li class="turn {escape(t.get("role", ""))}"><span class="role">{i}. {escape(t.get("role", ""))}'
+                  f'</span><pre class="text">{escape(t.get("content", ""))}</pre></li>'
+                  for i, t in enumerate(turns, 1)]
+        parts.append("</ol>")
+    if completion and (row["domain"] == "swe" or looks_like_patch(completion)) and looks_like_patch(completion):
+        parts.append(f'<h4>Patch</h4><pre class="diff">{patch_html(completion)}</pre>')
+    elif completion or not turns:
+        parts.append(f'<h4>Completion</h4><pre class="text {ok}">{escape(completion)}</pre>')
+    tests = per_test(meta)
+    if tests:
+        parts.append('<h4>Grader, per test</h4><div class="scroll"><table><thead><tr><th>test</th><th>result</th>'
+                     '</tr></thead><tbody>')
+        parts += [f'<tr><td><code>{escape(name)}</code></td><td><span class="test {escape(status)}">'
+                  f'{escape(status)}</span></td></tr>' for name, status in tests]
+        parts.append("</tbody></table></div>")
+    shown = {k: v for k, v in meta.items() if k not in ("per_test", "tests")} if isinstance(meta, dict) else meta
+    if shown:
+        text = json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str)
+        parts.append(f'<details class="meta"><summary>meta</summary><pre class="text">{escape(text)}</pre></details>')
+    parts.append("</details></article>\n")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- writing the pages
 
 
 class RolloutWriter:
-    """Streams every rollout once and writes the detail pages and the filtered listings."""
+    """Streams every rollout once, round by round, and writes the detail pages, the cell
+    listings and the kind-only / kept-only filter pages."""
 
     def __init__(self, store: Store, out: Path, render: Callable[[str, dict], str], want: set[str]):
         self.store, self.out, self.render = store, Path(out), render
@@ -181,61 +236,55 @@ class RolloutWriter:
         self.scopes = scopes(store)
         self.pages_written = 0
 
-    def _write(self, scope: Scope, facet: str, page: int, rows: list, *, detail_page: bool) -> None:
+    def _write(self, template: str, scope: Scope, facet: str, page: int, **ctx: Any) -> None:
         kind, kept = _parse_facet(facet)
-        ctx = {"scope": scope, "facet": facet, "kind": kind, "kept": kept, "page": page,
-               "pages": scope.pages(facet), "rows": rows, "root": "../../", "page_path": page_path,
-               "facet_name": facet_name, "total": scope.facet_count(kind, kept)}
-        html = self.render("rollouts_detail.html.j2" if detail_page else "rollouts_list.html.j2", ctx)
+        html = self.render(template, {"scope": scope, "facet": facet, "kind": kind, "kept": kept, "page": page,
+                                      "pages": scope.pages(facet), "root": "../../", "page_path": page_path,
+                                      "facet_name": facet_name, "total": scope.facet_count(kind, kept), **ctx})
         path = self.out / page_path(scope.key, facet, page)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(html, encoding="utf-8")
         self.pages_written += 1
 
     def write(self, on_row: Callable[[], None] | None = None) -> None:
-        by_key = {s.key: s for s in self.scopes}
-        current: Scope | None = None
-        buffers: dict[str, list] = defaultdict(list)
-        page_no: dict[str, int] = defaultdict(lambda: 1)
+        for scope in self.scopes:
+            self._write_scope(scope, on_row)
 
-        def flush(scope: Scope, facet: str, final: bool = False) -> None:
-            rows = buffers[facet]
-            size = DETAIL_PAGE if facet == "all" else LIST_PAGE
-            if rows and (len(rows) >= size or final):
-                self._write(scope, facet, page_no[facet], rows, detail_page=facet == "all")
-                page_no[facet] += 1
-                buffers[facet] = []
-
-        def close(scope: Scope) -> None:
-            for facet in list(buffers):
-                flush(scope, facet, final=True)
-            buffers.clear()
-            page_no.clear()
-
-        for row in _rows(self.store):
-            scope = by_key[scope_key(row["round_id"])]
-            if scope is not current:
-                if current is not None:
-                    close(current)
-                current = scope
-            kept = kept_label(row["kept"])
-            href_page = page_path(scope.key, "all", page_no["all"])
-            anchor = f"s{row['seq']}"
+    def _write_scope(self, scope: Scope, on_row: Callable[[], None] | None) -> None:
+        details: list[str] = []
+        detail_page = 1
+        cells: dict[str, list[str]] = {}
+        cell_page: dict[str, int] = {}
+        for row in round_rows(self.store, scope.round_id):
+            anchor = f"all-{detail_page}.html#s{row['seq']}"
             if row["id"] in self.want:
-                self.where[row["id"]] = f"{href_page}#{anchor}"
-            buffers["all"].append(detail(row))
-            link = f"all-{page_no['all']}.html#{anchor}"
-            line = Markup(compact_row(row, link))
-            for facet in (facet_name(row["outcome_kind"], None), facet_name(None, kept),
-                          facet_name(row["outcome_kind"], kept)):
-                buffers[facet].append(line)
-            for facet in ("all", facet_name(row["outcome_kind"], None), facet_name(None, kept),
-                          facet_name(row["outcome_kind"], kept)):
-                flush(scope, facet)
+                self.where[row["id"]] = f"rollouts/{scope.key}/{anchor}"
+            details.append(detail_html(row))
+            if len(details) == DETAIL_PAGE:
+                self._write("rollouts_detail.html.j2", scope, "all", detail_page, rows=Markup("".join(details)))
+                details, detail_page = [], detail_page + 1
+            cell = facet_name(row["outcome_kind"], kept_label(row["kept"]))
+            listing = cells.setdefault(cell, [])
+            listing.append(compact_row(row, anchor))
+            if len(listing) == LIST_PAGE:
+                self._flush_cell(scope, cell, cells, cell_page)
             if on_row:
                 on_row()
-        if current is not None:
-            close(current)
+        if details:
+            self._write("rollouts_detail.html.j2", scope, "all", detail_page, rows=Markup("".join(details)))
+        for cell in list(cells):
+            if cells[cell]:
+                self._flush_cell(scope, cell, cells, cell_page)
+        for facet in [facet_name(k, None) for k in sorted({k for k, _ in scope.counts})] + \
+                     [facet_name(None, c) for c in sorted({c for _, c in scope.counts})]:
+            kind, kept = _parse_facet(facet)
+            self._write("rollouts_facet.html.j2", scope, facet, 1, cells=scope.cells(kind, kept))
+
+    def _flush_cell(self, scope: Scope, cell: str, cells: dict[str, list[str]], cell_page: dict[str, int]) -> None:
+        page = cell_page.get(cell, 1)
+        self._write("rollouts_list.html.j2", scope, cell, page, rows=Markup("".join(cells[cell])))
+        cells[cell] = []
+        cell_page[cell] = page + 1
 
     def total(self) -> int:
         return sum(s.total for s in self.scopes)

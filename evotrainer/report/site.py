@@ -19,7 +19,7 @@ from markupsafe import Markup
 
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.report import gather
-from evotrainer.report.charts import Marker, Series, Strip, line_chart, strip_chart
+from evotrainer.report.charts import Histogram, Marker, Series, histogram_chart, line_chart
 from evotrainer.report.rollout_pages import RolloutWriter, facet_name, page_path
 from evotrainer.store import Store
 from evotrainer.workspace import Workspace
@@ -94,12 +94,39 @@ def overview_chart(rounds: list[dict], lineage: dict) -> str:
 
 
 def distribution_chart(dist: dict) -> str:
+    """The ordering chart from a reward histogram (backtest.metrics.reward_histogram)."""
     strips = []
     for side in ("base", "candidate"):
         for outcome, colour in (("success", SUCCESS), ("failure", FAILURE)):
-            strips.append(Strip(f"verified {outcome}", dist[side][outcome], colour, side))
-    return strip_chart(strips, y_label="training reward (harness units)",
-                       title="Training reward of verified successes and failures, base vs candidate")
+            strips.append(Histogram(f"verified {outcome}", list(zip(dist["values"], dist[side][outcome])),
+                                    colour, side))
+    edges = dist.get("edges")
+    width = (edges[1] - edges[0]) if not dist.get("exact", True) and edges and len(edges) > 1 else 0.0
+    return histogram_chart(strips, y_label="training reward (harness units)", bin_width=width,
+                           title="Training reward of verified successes and failures, base vs candidate")
+
+
+def backtest_charts(bts: list[dict], store: Store | None, ws: Workspace) -> None:
+    """Each backtest's ordering chart and its caption note. Reports keep their distribution
+    (`reward_distribution`); only older ones are replayed here, in the harness sandbox."""
+    old = [bt for bt in bts if not bt.get("reward_distribution") and (bt.get("metrics") or {}).get("base")]
+    replayed: dict[str, dict] = {}
+    if old and store and ws.exists():
+        from evotrainer.report.distributions import reward_distributions
+
+        replayed = reward_distributions(store, HarnessRepo(ws.harnesses), old)
+    for bt in bts:
+        stored = bt.get("reward_distribution")
+        d = stored or replayed.get(bt["id"])
+        bt["chart"] = Markup(distribution_chart(d)) if d and "error" not in d else ""
+        binned = "" if not d or d.get("exact", True) else f", in {len(d['values'])} bins"
+        if stored:
+            bt["chart_note"] = f"All {bt['n_rollouts']} rollouts, as the backtest scored them{binned}"
+        elif d and "error" not in d:
+            bt["chart_note"] = (f"This backtest predates stored distributions: recomputed for the report by "
+                                f"replaying both harnesses over {d['n']} of its rollouts{binned}")
+        else:
+            bt["chart_note"] = (d or {}).get("error") or "no chart: the backtest has no metrics"
 
 
 def build_report(workdir: Path | str, out: Path | str | None = None,
@@ -138,16 +165,7 @@ def build_report(workdir: Path | str, out: Path | str | None = None,
         lineage = gather.lineage(ws, by_id, skills, state)
         diags = gather.diagnostics(ws)
         lap("gather")
-        dists: dict[str, dict] = {}
-        if store and ws.exists() and bts:
-            from evotrainer.report.distributions import reward_distributions
-
-            dists = reward_distributions(store, HarnessRepo(ws.harnesses), bts)
-        for bt in bts:
-            d = dists.get(bt["id"])
-            bt["chart"] = Markup(distribution_chart(d)) if d and "error" not in d else ""
-            bt["chart_note"] = (d or {}).get("error") or (f"{d['n']} rollouts replayed" if d else
-                                                           "no chart: the backtest has no metrics")
+        backtest_charts(bts, store, ws)
         lap("distributions")
         want = {rid for d in diags for p in d["alerts"] for rid in p.examples}
         writer = RolloutWriter(store, out, lambda t, ctx: env.get_template(t).render(nav=PAGES, current="rollouts/index.html", **ctx), want) \

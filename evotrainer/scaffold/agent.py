@@ -243,7 +243,7 @@ def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_
               max_format_errors: int = 3, stop: Callable[[Sequence[Turn]], str | None] | None = None,
               test_timeout_s: float = 60.0, grade_timeout_s: float = 60.0, max_output: int = 4000) -> AgentResult:
     """Run one episode of `policy` on `task`; never raises for anything the policy does."""
-    from evotrainer.domains.swe import grade_outcome  # the domain owns the outcome flags
+    from evotrainer.domains.swe import grade_checked  # the domain owns the outcome flags
 
     started = time.monotonic()
     messages = [{"role": "system", "content": _env.get_template("agent_system.md.j2").render(max_steps=max_steps)},
@@ -296,17 +296,20 @@ def run_agent(task: SweTask, policy: Policy, *, max_steps: int = 20, time_limit_
     finally:
         env.close()
     turns = tuple(Turn(m["role"], m["content"]) for m in messages)
+    meta: dict[str, Any] = {}  # the grader's per-test results, for the stored rollout
     if status == "submitted":
         flags = ("submitted",)
-        outcome = Outcome(False, 0.0, "empty", flags) if not patch.strip() else \
-            grade_outcome(task, patch, grade_timeout_s, flags)
+        if patch.strip():
+            outcome, meta = grade_checked(task, patch, grade_timeout_s, flags)
+        else:
+            outcome = Outcome(False, 0.0, "empty", flags)
     elif status == "format_error":
         outcome = Outcome(False, 0.0, "format_error", ("format_error_limit",))
     elif status == "timeout":
         outcome = Outcome(False, 0.0, "timeout", ("time_limit",))
     else:
         outcome = Outcome(False, 0.0, "truncated", (status,))
-    return AgentResult(status, patch, turns, outcome, steps, time.monotonic() - started, reason)
+    return AgentResult(status, patch, turns, outcome, steps, time.monotonic() - started, reason, meta)
 
 
 def to_rollout(task: SweTask, result: AgentResult, group_id: str = "", num_tokens: int = 0,
@@ -318,7 +321,7 @@ def to_rollout(task: SweTask, result: AgentResult, group_id: str = "", num_token
                    num_tokens=num_tokens,
                    truncated=result.exit_status in ("step_limit", "timeout", "stopped", "context_limit"),
                    meta={"level": task.level, "exit_status": result.exit_status, "steps": result.steps,
-                         "scaffold": "agent", "stop_reason": result.reason, **(meta or {})})
+                         "scaffold": "agent", "stop_reason": result.reason, **result.meta, **(meta or {})})
 
 
 class HFPolicy:

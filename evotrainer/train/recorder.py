@@ -78,6 +78,10 @@ class RolloutRecorder:
         task = self.tasks[task_id]
         truncated = not ids or ids[-1] not in self.stop_token_ids
         text = completion_text(completion)
+        # A domain whose trusted check records more than the outcome (swe: the grader's per-test
+        # results) says so through check_meta; that goes into the stored rollout's meta.
+        check_meta = getattr(self.domain, "check_meta", None)
+        outcome, extra = check_meta(task, text, truncated) if check_meta else (self.domain.check(task, text, truncated), {})
         return Rollout(
             id=uuid.uuid4().hex,
             task_id=task.task_id,
@@ -86,10 +90,10 @@ class RolloutRecorder:
             prompt=completion_text(prompt),
             completion=text,
             turns=(),
-            outcome=self.domain.check(task, text, truncated),
+            outcome=outcome,
             num_tokens=len(ids),
             truncated=truncated,
-            meta={"level": task.level, "answer": task.answer, "split": task.split},
+            meta={"level": task.level, "answer": task.answer, "split": task.split, **extra},
         )
 
     def finalize(self, advantages: Sequence[float], group_size: int) -> list[bool]:
