@@ -8,6 +8,8 @@ The small workspace is made by tests/report_workspace.py: the outer loop's own s
 stored rollouts (see there). The large case adds a round of synthetic math rollouts (groups of 8,
 realistic outcome mix, from bench/backtest_throughput.py) by bulk insert, then builds again.
 Targets (issue 6): < 10 s for the 3-round workspace; rollouts are paginated, so 100k stays fast.
+The 'distributions' stage is near zero when the backtests stored their reward histograms; a
+workspace whose backtests predate that (e.g. an old run) replays harnesses there instead.
 """
 
 from __future__ import annotations

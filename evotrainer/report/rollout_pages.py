@@ -172,52 +172,63 @@ def per_test(meta: dict) -> list[tuple[str, str]]:
     return []
 
 
-def detail_html(row: dict) -> str:
-    """One rollout in full: a summary line that opens to facts, prompt, turns, patch or
-    completion, per-test results and meta. The article's id is the anchor listings link to."""
+def _text(value: str) -> str:
+    """Escape for element text: quotes stay as they are (they are most of a JSON meta's bytes)."""
+    return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def detail_html(row: dict, same_prompt_as: str | None = None) -> str:
+    """One rollout in full: a summary line that opens to its facts, prompt, turns, patch or
+    completion, per-test results and meta. The article's id is the anchor listings link to.
+    `same_prompt_as`: the anchor of an earlier rollout on the page with the same prompt (its
+    group's first, usually), linked instead of repeating the prompt."""
     meta = row["meta"] or {}
     completion = row["completion"] or ""
     turns = row["turns"] or []
     ok = "ok" if row["outcome_success"] else "fail"
     kept = kept_label(row["kept"])
-    comps = "".join(f' <span class="muted">{escape(k)}={_num(v)}</span>'
-                    for k, v in (row["reward_components"] or {}).items() if isinstance(v, (int, float)))
+    comps = "".join(f" {_text(str(k))}={_num(v)}" for k, v in (row["reward_components"] or {}).items()
+                    if isinstance(v, (int, float)))
     step = row["step"] if row["step"] is not None else "–"
+    rid = row["id"]
+    flags = ", ".join(row["outcome_flags"] or ())
     parts = [
-        f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{escape(row["id"][:14])}</code> '
+        f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{escape(rid[:14])}</code> '
         f'<span class="kind {ok}">{escape(row["outcome_kind"])}</span> <span class="muted">task '
         f'{escape(row["task_id"])} · reward {_num(row["reward"])} · {kept} · {row["num_tokens"]} tokens'
-        f'{f" · {len(turns)} turns" if turns else ""}</span></summary>'
-        f'<div class="scroll"><table class="facts"><tbody>'
-        f'<tr><th>id</th><td><code>{escape(row["id"])}</code></td><th>group</th><td><code>{escape(row["group_id"])}</code></td></tr>'
-        f'<tr><th>outcome</th><td>{escape(row["outcome_kind"])} · success {"yes" if row["outcome_success"] else "no"} · '
-        f'score {row["outcome_score"]}</td><th>flags</th><td>{escape(", ".join(row["outcome_flags"] or ())) or "–"}</td></tr>'
-        f'<tr><th>reward</th><td>{_num(row["reward"], 4)}{comps}</td><th>advantage</th><td>{_num(row["advantage"], 4)}</td></tr>'
-        f'<tr><th>training</th><td>{kept}{" · truncated" if row["truncated"] else ""} · step {step}</td><th>versions</th>'
-        f'<td>model {escape(row["model_version"] or "–")} · harness <code>{escape((row["harness_version"] or "–")[:8])}</code></td></tr>'
-        f'</tbody></table></div><h4>Prompt</h4><pre class="text">{escape(row["prompt"])}</pre>',
+        f'{f" · {len(turns)} turns" if turns else ""}</span></summary><p class="facts">'
+        f'{f"id <code>{_text(rid)}</code> · " if len(rid) > 14 else ""}group <code>{_text(row["group_id"])}</code>'
+        f' · success {"yes" if row["outcome_success"] else "no"} · score {row["outcome_score"]:g}'
+        f'{f" · flags {_text(flags)}" if flags else ""} · reward {_num(row["reward"], 4)}'
+        f'{f" ({comps.strip()})" if comps else ""} · advantage {_num(row["advantage"], 4)}'
+        f'{" · truncated" if row["truncated"] else ""} · step {step} · model {_text(row["model_version"] or "–")}'
+        f' · harness <code>{_text((row["harness_version"] or "–")[:8])}</code></p>',
     ]
+    if same_prompt_as:
+        parts.append(f'<p class="muted">Prompt as in <a href="#{same_prompt_as}">{same_prompt_as}</a>.</p>')
+    else:
+        parts.append(f'<h4>Prompt</h4><pre class="text">{_text(row["prompt"])}</pre>')
     if turns:
         parts.append('<h4>Trajectory, turn by turn</h4><ol class="turns">')
         parts += [f'<li class="turn {escape(t.get("role", ""))}"><span class="role">{i}. {escape(t.get("role", ""))}'
-                  f'</span><pre class="text">{escape(t.get("content", ""))}</pre></li>'
+                  f'</span><pre class="text">{_text(t.get("content", ""))}</pre></li>'
                   for i, t in enumerate(turns, 1)]
         parts.append("</ol>")
     if completion and (row["domain"] == "swe" or looks_like_patch(completion)) and looks_like_patch(completion):
         parts.append(f'<h4>Patch</h4><pre class="diff">{patch_html(completion)}</pre>')
     elif completion or not turns:
-        parts.append(f'<h4>Completion</h4><pre class="text {ok}">{escape(completion)}</pre>')
+        parts.append(f'<h4>Completion</h4><pre class="text {ok}">{_text(completion)}</pre>')
     tests = per_test(meta)
     if tests:
         parts.append('<h4>Grader, per test</h4><div class="scroll"><table><thead><tr><th>test</th><th>result</th>'
                      '</tr></thead><tbody>')
-        parts += [f'<tr><td><code>{escape(name)}</code></td><td><span class="test {escape(status)}">'
-                  f'{escape(status)}</span></td></tr>' for name, status in tests]
+        parts += [f'<tr><td><code>{_text(name)}</code></td><td><span class="test {escape(status)}">'
+                  f'{_text(status)}</span></td></tr>' for name, status in tests]
         parts.append("</tbody></table></div>")
     shown = {k: v for k, v in meta.items() if k not in ("per_test", "tests")} if isinstance(meta, dict) else meta
     if shown:
         text = json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str)
-        parts.append(f'<details class="meta"><summary>meta</summary><pre class="text">{escape(text)}</pre></details>')
+        parts.append(f'<details class="meta"><summary>meta</summary><pre class="text">{_text(text)}</pre></details>')
     parts.append("</details></article>\n")
     return "".join(parts)
 
@@ -253,16 +264,20 @@ class RolloutWriter:
     def _write_scope(self, scope: Scope, on_row: Callable[[], None] | None) -> None:
         details: list[str] = []
         detail_page = 1
+        prompt_at: tuple[str, str] | None = None  # (prompt, anchor) of the last one shown on this page
         cells: dict[str, list[str]] = {}
         cell_page: dict[str, int] = {}
         for row in round_rows(self.store, scope.round_id):
             anchor = f"all-{detail_page}.html#s{row['seq']}"
             if row["id"] in self.want:
                 self.where[row["id"]] = f"rollouts/{scope.key}/{anchor}"
-            details.append(detail_html(row))
+            same = prompt_at[1] if prompt_at and prompt_at[0] == row["prompt"] else None
+            if same is None:
+                prompt_at = (row["prompt"], f"s{row['seq']}")
+            details.append(detail_html(row, same))
             if len(details) == DETAIL_PAGE:
                 self._write("rollouts_detail.html.j2", scope, "all", detail_page, rows=Markup("".join(details)))
-                details, detail_page = [], detail_page + 1
+                details, detail_page, prompt_at = [], detail_page + 1, None
             cell = facet_name(row["outcome_kind"], kept_label(row["kept"]))
             listing = cells.setdefault(cell, [])
             listing.append(compact_row(row, anchor))
