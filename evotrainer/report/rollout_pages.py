@@ -143,9 +143,9 @@ def _num(v: float | None, d: int = 3) -> str:
 
 def compact_row(row: dict, href: str) -> str:
     """One row of a cell listing (kind and kept are the cell's, so not repeated per row)."""
-    return (f'<tr><td><a href="{href}">{escape(row["id"][:14])}</a></td><td>{escape(row["task_id"])}</td>'
+    return (f'<tr><td><a href="{href}">{_text(row["id"][:14])}</a></td><td>{_text(row["task_id"])}</td>'
             f'<td class="num">{_num(row["reward"])}</td><td class="num">{_num(row["advantage"])}</td>'
-            f'<td class="num">{row["num_tokens"]}</td><td class="preview">{escape(_preview(row))}</td></tr>')
+            f'<td class="num">{row["num_tokens"]}</td><td class="preview">{_text(_preview(row))}</td></tr>')
 
 
 def looks_like_patch(text: str) -> bool:
@@ -193,9 +193,9 @@ def detail_html(row: dict, same_prompt_as: str | None = None) -> str:
     rid = row["id"]
     flags = ", ".join(row["outcome_flags"] or ())
     parts = [
-        f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{escape(rid[:14])}</code> '
-        f'<span class="kind {ok}">{escape(row["outcome_kind"])}</span> <span class="muted">task '
-        f'{escape(row["task_id"])} · reward {_num(row["reward"])} · {kept} · {row["num_tokens"]} tokens'
+        f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{_text(rid[:14])}</code> '
+        f'<span class="kind {ok}">{_text(row["outcome_kind"])}</span> <span class="muted">task '
+        f'{_text(row["task_id"])} · reward {_num(row["reward"])} · {kept} · {row["num_tokens"]} tokens'
         f'{f" · {len(turns)} turns" if turns else ""}</span></summary><p class="facts">'
         f'{f"id <code>{_text(rid)}</code> · " if len(rid) > 14 else ""}group <code>{_text(row["group_id"])}</code>'
         f' · success {"yes" if row["outcome_success"] else "no"} · score {row["outcome_score"]:g}'
