@@ -438,15 +438,31 @@ def test_tests_in_a_package_still_run(grader, task):
 
 @pytest.fixture
 def visible_dir(artifacts_dir):
-    """A folder the sandboxed code could read if nothing hid it: outside /tmp (a private tmpfs in
-    the sandbox) and world-readable (the sandbox may run as a fresh uid)."""
+    """A folder the sandboxed code could read if nothing hid it: outside /tmp, /var/tmp and
+    /dev/shm (private tmpfs in the sandbox) and world-readable (the sandbox may run as a fresh
+    uid). The repo's test-artifacts folder is one unless the checkout itself lies under /tmp, so
+    each candidate is checked by reading a probe file from inside a real sandbox."""
     import shutil
     import tempfile
 
-    path = Path(tempfile.mkdtemp(prefix="redteam-", dir=artifacts_dir.resolve()))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    for base in (artifacts_dir.resolve(), Path.home() / ".cache", Path("/srv"), Path("/opt")):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            path = Path(tempfile.mkdtemp(prefix="redteam-", dir=base))
+        except OSError:
+            continue
+        path.chmod(0o755)
+        (path / "probe").write_text("seen")
+        (path / "probe").chmod(0o644)
+        seen = run_sandboxed([sys.executable, "-c", f"print(open({str(path / 'probe')!r}).read())"],
+                             timeout_s=TIMEOUT)
+        if seen.returncode == 0 and "seen" in seen.stdout:
+            (path / "probe").unlink()
+            yield path
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        shutil.rmtree(path, ignore_errors=True)
+    pytest.skip("no folder here is readable from inside the sandbox, so a hidden path proves nothing")
 
 
 @pytest.fixture
