@@ -15,6 +15,7 @@ from evotrainer.grade import apply_patch, make_patch, task_from_dict
 from evotrainer.scaffold.agent import FormatError, ScriptedPolicy, parse_action, run_agent, to_rollout
 from evotrainer.scaffold.edit import (Edit, EditApplyError, EditFormatError, apply_edit, edits_to_patch,
                                       parse_edits)
+from tests.test_grader_redteam import visible_dir  # noqa: F401 -- a folder the sandbox can see
 
 CLEAN = textwrap.dedent('''\
     def clamp(x, lo, hi):
@@ -207,3 +208,22 @@ def test_agent_terminal_states(task):
     slow = run_agent(swe, ScriptedPolicy(['{"tool": "view", "path": "shapes.py"}']), time_limit_s=0.0)
     assert slow.exit_status == "timeout" and slow.outcome.kind == "timeout"
     assert all(isinstance(t, Turn) for t in slow.turns)
+
+
+def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir):
+    """task.hide (the snapshot store, other tasks' states: they hold this task's fix) is hidden from
+    the agent's own test runs, as from the grader. The same probe reads the file when not hidden."""
+    from dataclasses import replace
+
+    swe, _ = task
+    secret = visible_dir / "fix.txt"
+    secret.write_text("THE-FIX")
+    secret.chmod(0o644)
+    probe = ("shapes.py\n<<<<<<< SEARCH\ndef clamp(x, lo, hi):\n=======\nimport os\n"
+             f"_S = open({str(secret)!r}).read() if os.path.exists({str(secret)!r}) else 'none'\n"
+             "assert _S == 'none', 'PEEK ' + _S\n\n\ndef clamp(x, lo, hi):\n>>>>>>> REPLACE\n")
+    script = [probe, '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}']
+    seen = run_agent(swe, ScriptedPolicy(script), max_steps=4)
+    assert "PEEK THE-FIX" in seen.turns[5].content  # the probe works where nothing hides the file
+    hidden = run_agent(replace(swe, hide=(visible_dir,)), ScriptedPolicy(script), max_steps=4)
+    assert "PEEK" not in hidden.turns[5].content and "1 failed" in hidden.turns[5].content

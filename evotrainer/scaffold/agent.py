@@ -190,7 +190,8 @@ class RepoEnv:
     def run_tests(self, tests: Sequence[str] | None = None) -> str:
         args = [t for t in (tests or []) if isinstance(t, str) and t and not t.startswith("-")]
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", "--rootdir", "{repo}", *args]
-        hide = [p for p in (self.clean_root, self.task.root, self.task.task_file) if p is not None]
+        # the snapshot store and other tasks' states (task.hide) hold this task's fix too
+        hide = [p for p in (self.clean_root, self.task.root, self.task.task_file, *self.task.hide) if p is not None]
         sb = run_sandboxed(cmd, src=self.root, timeout_s=self.test_timeout_s, hide=hide,
                            env_extra={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         status = "timed out" if sb.timed_out else f"exit code {sb.returncode}"
