@@ -9,9 +9,7 @@ reason is logged and kept in `last_errors`.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Sequence
@@ -19,13 +17,13 @@ from typing import Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import OUTCOME_KINDS
+from evotrainer.chat import first_env, openai_client, reply_json
 from evotrainer.experience.distill import MAX_LESSON_CHARS, LessonDraft, register_distiller
 from evotrainer.store import StoredRollout
 
 log = logging.getLogger(__name__)
 
 TEMPLATES = Path(__file__).parent / "templates"
-_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 _MIN_CHARS = 8
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -43,16 +41,8 @@ def parse_lessons(text: str, max_lessons: int, max_chars: int = MAX_LESSON_CHARS
     text = (text or "").strip()
     if not text:
         raise ReplyError("the reply is empty")
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    if "{" in text and "}" in text:
-        candidates.append(text[text.index("{"): text.rindex("}") + 1])
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate)
-            break
-        except json.JSONDecodeError:
-            continue
-    else:
+    data, problem = reply_json(text)
+    if problem is not None:
         raise ReplyError("the reply is not JSON")
     if not isinstance(data, dict) or not isinstance(data.get("lessons"), list):
         raise ReplyError('the reply must be a JSON object with a "lessons" list')
@@ -92,26 +82,18 @@ class LLMDistiller:
         EVOTRAINER_LLM_BASE_URL (else OPENAI_BASE_URL), EVOTRAINER_LLM_MODEL, and the key from
         `api_key`, `api_key_env`, EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY (a local endpoint may
         need none)."""
-        from openai import OpenAI
-
-        env = os.environ
-        self.base_url = base_url or env.get("EVOTRAINER_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None
-        self.model = model or env.get("EVOTRAINER_LLM_MODEL")
-        if not self.model:
-            raise ValueError("llm distiller: no model; pass --model or set EVOTRAINER_LLM_MODEL")
-        key = (api_key or (env.get(api_key_env) if api_key_env else None)
-               or env.get("EVOTRAINER_LLM_API_KEY") or env.get("OPENAI_API_KEY"))
-        if not key:
-            if not self.base_url:
-                raise ValueError("llm distiller: no API key; set EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY, "
-                                 "or a base URL for a local endpoint")
-            key = "not-needed"  # local servers ignore it; the SDK wants one
+        self.base_url = base_url or first_env(["EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
+        self.model = model or first_env(["EVOTRAINER_LLM_MODEL"])
+        key = api_key or first_env([api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.client = openai_client(
+            "llm distiller", self.base_url, self.model, key, timeout_s,
+            model_hint="pass --model or set EVOTRAINER_LLM_MODEL",
+            key_hint="set EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY, or a base URL for a local endpoint")
         if max_retries < 0 or groups_per_call < 1 or max_calls < 1 or max_lessons < 1:
             raise ValueError("llm distiller: max_retries >= 0; groups_per_call, max_calls, max_lessons >= 1")
         self.max_retries, self.temperature, self.max_tokens = max_retries, temperature, max_tokens
         self.groups_per_call, self.max_calls, self.max_lessons = groups_per_call, max_calls, max_lessons
         self.samples_per_group, self.max_chars = samples_per_group, max_chars
-        self.client = OpenAI(base_url=self.base_url, api_key=key, timeout=timeout_s)
         self.templates = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined,
                                      keep_trailing_newline=True, autoescape=False,
                                      trim_blocks=True, lstrip_blocks=True)

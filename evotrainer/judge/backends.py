@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Protocol
 
+from evotrainer.chat import first_env, openai_client
 from evotrainer.config import JudgeConfig
 
 
@@ -43,22 +43,14 @@ class OpenAIBackend:
     """`/v1/chat/completions` of any OpenAI-compatible server (vLLM, llama.cpp, Ollama, hosted APIs)."""
 
     def __init__(self, config: JudgeConfig) -> None:
-        from openai import OpenAI  # imported here: a CLI that never judges should not pay for the SDK
-
-        env = os.environ
-        self.base_url = (config.base_url or env.get("EVOTRAINER_JUDGE_BASE_URL")
-                         or env.get("EVOTRAINER_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None)
-        model = config.model or env.get("EVOTRAINER_JUDGE_MODEL") or env.get("EVOTRAINER_LLM_MODEL")
-        if not model:
-            raise ValueError("judge: no model; set judge.model or EVOTRAINER_JUDGE_MODEL")
-        self.model = model
-        key = (env.get(config.api_key_env) or env.get("EVOTRAINER_LLM_API_KEY") or env.get("OPENAI_API_KEY"))
-        if not key:
-            if not self.base_url:
-                raise ValueError(f"judge: no API key; set {config.api_key_env} (or OPENAI_API_KEY), "
-                                 "or judge.base_url for a local endpoint")
-            key = "not-needed"  # local servers ignore it; the SDK wants one
-        self.client = OpenAI(base_url=self.base_url, api_key=key, timeout=config.timeout_s)
+        self.base_url = config.base_url or first_env(
+            ["EVOTRAINER_JUDGE_BASE_URL", "EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
+        self.model = config.model or first_env(["EVOTRAINER_JUDGE_MODEL", "EVOTRAINER_LLM_MODEL"])
+        key = first_env([config.api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.client = openai_client(
+            "judge", self.base_url, self.model, key, config.timeout_s,
+            model_hint="set judge.model or EVOTRAINER_JUDGE_MODEL",
+            key_hint=f"set {config.api_key_env} (or OPENAI_API_KEY), or judge.base_url for a local endpoint")
 
     def complete(self, messages: list[dict[str, str]], temperature: float, max_tokens: int) -> str:
         import openai

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evotrainer.chat import reply_json
+
 STEP_LABELS = ("GOOD", "BAD")
-_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
 class VerdictError(ValueError):
@@ -41,20 +40,10 @@ def _json_object(text: str) -> dict[str, Any]:
     text = (text or "").strip()
     if not text:
         raise VerdictError("the reply is empty")
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    if "{" in text and "}" in text:
-        candidates.append(text[text.index("{"): text.rindex("}") + 1])
-    problem = None
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate)
-        except json.JSONDecodeError as exc:
-            problem = problem or f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-            continue
-        if isinstance(data, dict):
-            return data
-        problem = problem or f"expected a JSON object, got {type(data).__name__}"
-    raise VerdictError(f"the reply is not a JSON object ({problem})")
+    data, problem = reply_json(text, dict)
+    if problem is not None or data is None:
+        raise VerdictError(f"the reply is not a JSON object ({problem})")
+    return data
 
 
 def _explain(exc: ValidationError) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
+from evotrainer.chat import first_env, openai_client, reply_json
 from evotrainer.harness.loader import (CODE_FILES, GRPO_KEYS, HARNESS_FILES, SPEC_FILE, HarnessError,
                                        check_imports, parse_spec)
 from evotrainer.harness.sandbox import ALLOWED_MODULES, CandidateFailure, SandboxLimits, SandboxPool
@@ -34,7 +34,6 @@ TEMPLATES = Path(__file__).parent / "templates"
 # A harness file name: one plain name at the harness root. Everything else (a '/', '\\', '..',
 # a leading '.' as in .git or .gitattributes, an absolute path) is refused.
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
-_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
 class ReplyError(ValueError):
@@ -68,17 +67,8 @@ def parse_reply(text: str) -> list[dict[str, Any]]:
     text = (text or "").strip()
     if not text:
         raise ReplyError("the reply is empty; reply with one JSON object {\"proposals\": [...]}")
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    if "{" in text and "}" in text:
-        candidates.append(text[text.index("{"): text.rindex("}") + 1])
-    data, problem = None, None
-    for candidate in candidates:
-        try:
-            data = json.loads(candidate)
-            break
-        except json.JSONDecodeError as exc:
-            problem = problem or f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-    else:
+    data, problem = reply_json(text)
+    if problem is not None:
         raise ReplyError(f"the reply is not JSON ({problem}); reply with one JSON object "
                          "{\"proposals\": [...]} and nothing else")
     if not isinstance(data, dict) or not isinstance(data.get("proposals"), list):
@@ -163,27 +153,20 @@ class LLMAgent:
         OPENAI_BASE_URL), EVOTRAINER_LLM_MODEL, and the key from `api_key`, else the variable
         named by `api_key_env`, else EVOTRAINER_LLM_API_KEY, else OPENAI_API_KEY. A local endpoint
         (a base URL is set) may need no key."""
-        from openai import OpenAI  # imported here: listing agents should not pay for the SDK
-
-        env = os.environ
-        self.base_url = base_url or env.get("EVOTRAINER_LLM_BASE_URL") or env.get("OPENAI_BASE_URL") or None
-        self.model = model or env.get("EVOTRAINER_LLM_MODEL")
-        if not self.model:
-            raise ValueError("llm agent: no model; set agent.llm.model or EVOTRAINER_LLM_MODEL")
-        key = (api_key or (env.get(api_key_env) if api_key_env else None)
-               or env.get("EVOTRAINER_LLM_API_KEY") or env.get("OPENAI_API_KEY"))
-        if not key:
-            if not self.base_url:
-                raise ValueError("llm agent: no API key; set EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY "
-                                 "(or agent.llm.api_key_env), or a base_url for a local endpoint")
-            key = "not-needed"  # local servers (vLLM, llama.cpp, Ollama) ignore it; the SDK wants one
+        self.base_url = base_url or first_env(["EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
+        self.model = model or first_env(["EVOTRAINER_LLM_MODEL"])
+        key = api_key or first_env([api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.client = openai_client(
+            "llm agent", self.base_url, self.model, key, timeout_s,
+            model_hint="set agent.llm.model or EVOTRAINER_LLM_MODEL",
+            key_hint="set EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY (or agent.llm.api_key_env), or a "
+                     "base_url for a local endpoint")
         if max_retries < 0 or max_proposals < 1:
             raise ValueError("llm agent: max_retries must be >= 0 and max_proposals >= 1")
         self.max_retries, self.temperature, self.timeout_s = max_retries, temperature, timeout_s
         self.max_proposals, self.max_tokens = max_proposals, max_tokens
         self.max_samples, self.max_chars, self.max_skills = max_samples, max_chars, max_skills
         self.load_timeout_s = load_timeout_s
-        self.client = OpenAI(base_url=self.base_url, api_key=key, timeout=timeout_s)
         self.templates = Environment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined,
                                      keep_trailing_newline=True, autoescape=False,
                                      trim_blocks=True, lstrip_blocks=True)
