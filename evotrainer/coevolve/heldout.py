@@ -55,14 +55,7 @@ def assert_no_heldout_rollouts(store: Store, *, run_id: int | None = None, round
     """Raise HeldoutLeak when a stored rollout in scope is of a held-out task (by the task table or
     by the split the recorder wrote into its meta); returns how many rollouts were checked."""
     c = RolloutRow.__table__.c
-    query = select(c.id, c.task_id, c.domain, c.meta)
-    if run_id is not None:
-        query = query.where(c.run_id == run_id)
-    if round_index is not None:
-        rounds = select(Round.id).where(Round.index == round_index)
-        if run_id is not None:
-            rounds = rounds.where(Round.run_id == run_id)
-        query = query.where(c.round_id.in_(rounds))
+    query = store.scoped(select(c.id, c.task_id, c.domain, c.meta), run_id, round_index)
     if ids is not None:
         query = query.where(c.id.in_(list(ids)))
     with store.engine.connect() as conn:

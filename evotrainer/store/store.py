@@ -320,7 +320,7 @@ class Store:
         Pages by keyset on `seq` (not OFFSET), so memory stays at one page and late pages cost
         the same as early ones. With `ids`, their seqs are looked up first in bounded IN chunks.
         """
-        base = self._filtered(select(RolloutRow), run_id, round_index, domain, kind)
+        base = self.scoped(select(RolloutRow), run_id, round_index, domain, kind)
         seq_pages = (self._seq_pages(ids, run_id, round_index, domain, kind, chunk_size)
                      if ids is not None else None)
         remaining, last = limit, 0
@@ -346,7 +346,7 @@ class Store:
     def count_rollouts(self, *, run_id: int | None = None, round_index: int | None = None,
                        domain: str | None = None, ids: Iterable[str] | None = None,
                        kind: str | None = None) -> int:
-        query = self._filtered(select(func.count()).select_from(RolloutRow),
+        query = self.scoped(select(func.count()).select_from(RolloutRow),
                                run_id, round_index, domain, kind)
         with self._session() as s:
             if ids is None:
@@ -354,8 +354,9 @@ class Store:
             return sum(s.scalar(query.where(RolloutRow.id.in_(chunk))) or 0
                        for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK))
 
-    def _filtered(self, query: Select, run_id: int | None, round_index: int | None,
-                  domain: str | None, kind: str | None) -> Select:
+    def scoped(self, query: Select, run_id: int | None = None, round_index: int | None = None,
+               domain: str | None = None, kind: str | None = None) -> Select:
+        """`query` over rollouts narrowed to a run, a round index, a domain and an outcome kind."""
         if run_id is not None:
             query = query.where(RolloutRow.run_id == run_id)
         if round_index is not None:
@@ -372,7 +373,7 @@ class Store:
     def _seq_pages(self, ids: Iterable[str], run_id: int | None, round_index: int | None,
                    domain: str | None, kind: str | None, chunk_size: int) -> Iterator[list[int]]:
         seqs: list[int] = []
-        query = self._filtered(select(RolloutRow.seq), run_id, round_index, domain, kind)
+        query = self.scoped(select(RolloutRow.seq), run_id, round_index, domain, kind)
         with self._session() as s:
             for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK):
                 seqs.extend(s.scalars(query.where(RolloutRow.id.in_(chunk))))
