@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
+
+from evotrainer.sqlite_file import SQLiteFile
 
 
 def patch_digest(patch: str) -> str:
@@ -30,11 +31,11 @@ class GradeCache:
         self.path = Path(path) / "grades.sqlite" if path is not None else None
         self._mem: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = -1
         self.hits = self.misses = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = SQLiteFile(self.path, "CREATE TABLE IF NOT EXISTS grades "
+                                               "(key TEXT PRIMARY KEY, result TEXT NOT NULL)")
             self._db()
 
     @staticmethod
@@ -42,13 +43,7 @@ class GradeCache:
         return f"{task_fingerprint}:{patch_digest(patch)}"
 
     def _db(self) -> sqlite3.Connection:
-        if self._conn is None or self._pid != os.getpid():  # a forked worker needs its own connection
-            self._conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("CREATE TABLE IF NOT EXISTS grades (key TEXT PRIMARY KEY, result TEXT NOT NULL)")
-            self._conn.commit()
-            self._pid = os.getpid()
-        return self._conn
+        return self._file.conn()
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:
@@ -92,6 +87,5 @@ class GradeCache:
         return value, False
 
     def close(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
+        if self.path is not None:
+            self._file.close()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+from evotrainer.sqlite_file import SQLiteFile
 
 
 class Generation(NamedTuple):  # the shape every generation backend returns
@@ -43,23 +44,16 @@ class RolloutCache:
         self.path = Path(folder) / "rollouts.sqlite" if folder is not None else None
         self._mem: dict[str, Generation] = {}
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = -1
         self.hits = self.misses = 0
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = SQLiteFile(self.path, "CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, "
+                                    "adapter TEXT NOT NULL, text TEXT NOT NULL, truncated INTEGER NOT NULL, "
+                                    "num_tokens INTEGER NOT NULL)")
             self._db()
 
     def _db(self) -> sqlite3.Connection:
-        if self._conn is None or self._pid != os.getpid():  # a forked process needs its own connection
-            self._conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("CREATE TABLE IF NOT EXISTS generations (key TEXT PRIMARY KEY, "
-                               "adapter TEXT NOT NULL, text TEXT NOT NULL, truncated INTEGER NOT NULL, "
-                               "num_tokens INTEGER NOT NULL)")
-            self._conn.commit()
-            self._pid = os.getpid()
-        return self._conn
+        return self._file.conn()
 
     def get(self, key: str) -> Generation | None:
         with self._lock:
@@ -102,9 +96,8 @@ class RolloutCache:
         return self._db().execute("SELECT COUNT(*) FROM generations").fetchone()[0]
 
     def close(self) -> None:
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
+        if self.path is not None:
+            self._file.close()
 
 
 class CachedBackend:
