@@ -25,3 +25,15 @@ def artifacts_dir() -> Path:
     path = Path(os.environ.get("EVOTRAINER_TEST_ARTIFACTS", "test-artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def isolated_swe_cache(tmp_path_factory):
+    """Buggy task states (tasks.repos.buggy_task) are built under a temp folder, not the user's cache."""
+    old = os.environ.get("EVOTRAINER_SWE_CACHE")
+    os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
+    yield
+    if old is None:
+        os.environ.pop("EVOTRAINER_SWE_CACHE", None)
+    else:
+        os.environ["EVOTRAINER_SWE_CACHE"] = old

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 from evotrainer.api import Outcome, Rollout
@@ -17,6 +16,7 @@ from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.store import Store, StoredRollout
+from clamp_task import FIX, clamp_repo, clamp_row  # tests/ is on sys.path wherever this module is used
 
 HELDOUT = {0: (128, 70), 1: (128, 30), 2: (128, 34)}  # round -> (n, successes): a fall, then a hold
 
@@ -70,48 +70,16 @@ def build_workspace(tmp: Path, rounds: int = 3) -> Path:
     return ws
 
 
-CLEAN = textwrap.dedent('''\
-    def clamp(x, lo, hi):
-        if x < lo:
-            return lo
-        if x > hi:
-            return hi
-        return x
-    ''')
-TESTS = textwrap.dedent('''\
-    from shapes import clamp
-
-
-    def test_low():
-        assert clamp(-1, 0, 10) == 0
-
-
-    def test_high():
-        assert clamp(10.5, 0, 10) == 10
-    ''')
-
-
 def swe_trajectory(tmp: Path) -> StoredRollout:
     """A real multi-turn agent run (scripted policy) on a tiny repo; the trusted check keeps the
     grader's per-test results in meta.per_test."""
-    from evotrainer.grade import make_patch, task_from_dict
+    from evotrainer.grade import task_from_dict
     from evotrainer.scaffold.agent import ScriptedPolicy, run_agent, to_rollout
 
-    buggy = CLEAN.replace("if x > hi:", "if x >= hi + 1:")
-    root = tmp / "swe" / "repo"
-    root.mkdir(parents=True)
-    (root / "shapes.py").write_text(CLEAN)
-    (root / "test_shapes.py").write_text(TESTS)
-    row = {"instance_id": "shapes-1", "repo": str(root), "base_commit": "x",
-           "patch": make_patch({"shapes.py": (buggy, CLEAN)}), "test_patch": "",
-           "FAIL_TO_PASS": ["test_shapes.py::test_high"], "PASS_TO_PASS": ["test_shapes.py::test_low"],
-           "problem_statement": "clamp(10.5, 0, 10) returns 10.5", "level": 0,
-           "bug_patch": make_patch({"shapes.py": (CLEAN, buggy)}),
-           "mutation": {"kind": "flip_compare", "path": "shapes.py", "function": "clamp", "line": 4,
-                        "description": "x"}}
+    root = clamp_repo(tmp / "swe" / "repo")
+    row = clamp_row(root)
     task = task_from_dict(row, base=root.parent)
-    fix = "shapes.py\n<<<<<<< SEARCH\n    if x >= hi + 1:\n=======\n    if x > hi:\n>>>>>>> REPLACE\n"
-    policy = ScriptedPolicy(['{"tool": "view", "path": "shapes.py", "start": 1, "end": 6}', fix,
+    policy = ScriptedPolicy(['{"tool": "view", "path": "shapes.py", "start": 1, "end": 6}', FIX,
                              '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}'])
     result = run_agent(task, policy, max_steps=6)
     rollout = to_rollout(task, result, group_id="swe-g0", num_tokens=120)

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,35 +22,13 @@ from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.scaffold.agent import EXIT_STATUSES, ContextLimit, ScriptedPolicy, run_agent, to_rollout
 from evotrainer.store import Store
 from evotrainer.train.recorder import RolloutRecorder, RoundContext
+from tests.clamp_task import BUGGY, CLEAN, FIX, TESTS, clamp_repo, clamp_row  # noqa: F401
 
-CLEAN = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
-BUGGY = CLEAN.replace("if x > hi:", "if x >= hi + 1:")
-TESTS = textwrap.dedent('''\
-    from shapes import clamp
-
-
-    def test_low():
-        assert clamp(-1, 0, 10) == 0
-
-
-    def test_high():
-        assert clamp(10.5, 0, 10) == 10
-    ''')
-FIX = "shapes.py\n<<<<<<< SEARCH\n    if x >= hi + 1:\n=======\n    if x > hi:\n>>>>>>> REPLACE\n"
 NAMED_ENDINGS = set(EXIT_STATUSES)
 OUTCOME_KINDS = {"ok", "wrong", "format_error", "empty", "truncated", "timeout", "patch_failed", "tampering", "error"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _swe_cache(tmp_path_factory):
-    """Buggy task states are built under a temp folder, not the user's cache."""
-    old = os.environ.get("EVOTRAINER_SWE_CACHE")
-    os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EVOTRAINER_SWE_CACHE", None)
-    else:
-        os.environ["EVOTRAINER_SWE_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
 
 
 def _instance_ids() -> list[str]:
@@ -68,17 +45,8 @@ def _instance_ids() -> list[str]:
 @pytest.fixture(scope="module")
 def task_file(tmp_path_factory) -> Path:
     """A SWE-bench-format task file over a real tiny repo with a real test suite."""
-    root = tmp_path_factory.mktemp("agent-train") / "repo"
-    root.mkdir()
-    (root / "shapes.py").write_text(CLEAN)
-    (root / "test_shapes.py").write_text(TESTS)
-    rows = [{"instance_id": iid, "repo": str(root), "base_commit": "x",
-             "patch": make_patch({"shapes.py": (BUGGY, CLEAN)}), "test_patch": "",
-             "FAIL_TO_PASS": ["test_shapes.py::test_high"], "PASS_TO_PASS": ["test_shapes.py::test_low"],
-             "problem_statement": "clamp(10.5, 0, 10) returns 10.5", "level": 0,
-             "bug_patch": make_patch({"shapes.py": (CLEAN, BUGGY)}),
-             "mutation": {"kind": "flip_compare", "path": "shapes.py", "function": "clamp", "line": 4,
-                          "description": "x"}} for iid in _instance_ids()]
+    root = clamp_repo(tmp_path_factory.mktemp("agent-train") / "repo")
+    rows = [clamp_row(root, iid) for iid in _instance_ids()]
     path = root.parent / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import textwrap
 
 import pytest
 
@@ -15,56 +13,18 @@ from evotrainer.grade import apply_patch, make_patch, task_from_dict
 from evotrainer.scaffold.agent import FormatError, ScriptedPolicy, parse_action, run_agent, to_rollout
 from evotrainer.scaffold.edit import (Edit, EditApplyError, EditFormatError, apply_edit, edits_to_patch,
                                       parse_edits)
+from tests.clamp_task import BUGGY, CLEAN, FIX, TESTS, clamp_repo, clamp_row  # noqa: F401
 from tests.test_grader_redteam import visible_dir  # noqa: F401 -- a folder the sandbox can see
 
-CLEAN = textwrap.dedent('''\
-    def clamp(x, lo, hi):
-        if x < lo:
-            return lo
-        if x > hi:
-            return hi
-        return x
-    ''')
-BUGGY = CLEAN.replace("if x > hi:", "if x >= hi + 1:")
-TESTS = textwrap.dedent('''\
-    from shapes import clamp
 
 
-    def test_low():
-        assert clamp(-1, 0, 10) == 0
-
-
-    def test_high():
-        assert clamp(10.5, 0, 10) == 10
-    ''')
-FIX = "shapes.py\n<<<<<<< SEARCH\n    if x >= hi + 1:\n=======\n    if x > hi:\n>>>>>>> REPLACE\n"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _swe_cache(tmp_path_factory):
-    """Buggy task states are built under a temp folder, not the user's cache."""
-    old = os.environ.get("EVOTRAINER_SWE_CACHE")
-    os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EVOTRAINER_SWE_CACHE", None)
-    else:
-        os.environ["EVOTRAINER_SWE_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
 
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scaffold") / "repo"
-    root.mkdir()
-    (root / "shapes.py").write_text(CLEAN)
-    (root / "test_shapes.py").write_text(TESTS)
-    row = {"instance_id": "shapes-1", "repo": str(root), "base_commit": "x",
-           "patch": make_patch({"shapes.py": (BUGGY, CLEAN)}), "test_patch": "",
-           "FAIL_TO_PASS": ["test_shapes.py::test_high"], "PASS_TO_PASS": ["test_shapes.py::test_low"],
-           "problem_statement": "clamp(10.5, 0, 10) returns 10.5", "level": 0,
-           "bug_patch": make_patch({"shapes.py": (CLEAN, BUGGY)}),
-           "mutation": {"kind": "flip_compare", "path": "shapes.py", "function": "clamp", "line": 4,
-                        "description": "x"}}
+    root = clamp_repo(tmp_path_factory.mktemp("scaffold") / "repo")
+    row = clamp_row(root)
     path = root.parent / "tasks.jsonl"
     path.write_text(json.dumps(row) + "\n")
     return task_from_dict(row, base=root.parent), path

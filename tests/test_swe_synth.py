@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -81,16 +80,7 @@ TESTS = textwrap.dedent('''\
     ''')
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _swe_cache(tmp_path_factory):
-    """Buggy task states are built under a temp folder, not the user's cache."""
-    old = os.environ.get("EVOTRAINER_SWE_CACHE")
-    os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EVOTRAINER_SWE_CACHE", None)
-    else:
-        os.environ["EVOTRAINER_SWE_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
 
 
 @pytest.fixture(scope="module")

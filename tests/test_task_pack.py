@@ -10,7 +10,6 @@ library; the slow run grades them all.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -22,16 +21,7 @@ from evotrainer.tasks import PACK_DIR, load_pack, pack_files, repos, sources
 LIBRARIES = {"more-itertools", "toolz", "inflection"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _swe_cache(tmp_path_factory):
-    """Buggy task states (repos.buggy_task) are built under a temp folder, not the user's cache."""
-    old = os.environ.get("EVOTRAINER_SWE_CACHE")
-    os.environ["EVOTRAINER_SWE_CACHE"] = str(tmp_path_factory.mktemp("swe-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EVOTRAINER_SWE_CACHE", None)
-    else:
-        os.environ["EVOTRAINER_SWE_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
 
 
 @pytest.fixture(scope="module")
