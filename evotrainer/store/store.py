@@ -115,6 +115,17 @@ def _from_row(row: RolloutRow) -> StoredRollout:
     )
 
 
+def _by_id_or_prefix(s: Session, model: type, key: str, what: str) -> Any:
+    """The row with this id, else the one whose id starts with it; ValueError if several do."""
+    row = s.get(model, key)
+    if row is None:
+        rows = s.scalars(select(model).where(model.id.startswith(key, autoescape=True)).limit(2)).all()
+        if len(rows) > 1:
+            raise ValueError(f"{what} id prefix {key!r} is ambiguous")
+        row = rows[0] if rows else None
+    return row
+
+
 class Store:
     """All persistence of evotrainer. Each call opens and closes its own short session."""
 
@@ -426,13 +437,7 @@ class Store:
     def get_backtest(self, backtest_id: str) -> dict[str, Any] | None:
         """The full report of a backtest, by id or unique id prefix; ValueError if ambiguous."""
         with self._session() as s:
-            row = s.get(Backtest, backtest_id)
-            if row is None:
-                rows = s.scalars(select(Backtest).where(Backtest.id.startswith(backtest_id, autoescape=True))
-                                 .limit(2)).all()
-                if len(rows) > 1:
-                    raise ValueError(f"backtest id prefix {backtest_id!r} is ambiguous")
-                row = rows[0] if rows else None
+            row = _by_id_or_prefix(s, Backtest, backtest_id, "backtest")
             return dict(row.report) if row else None
 
     # -- experience pool (evotrainer/experience) ---------------------------------------------
@@ -478,13 +483,7 @@ class Store:
     def get_lesson(self, lesson_id: str) -> dict[str, Any] | None:
         """The lesson with this id or unique id prefix; ValueError if ambiguous."""
         with self._session() as s:
-            row = s.get(Lesson, lesson_id)
-            if row is None:
-                rows = s.scalars(select(Lesson).where(Lesson.id.startswith(lesson_id, autoescape=True))
-                                 .limit(2)).all()
-                if len(rows) > 1:
-                    raise ValueError(f"lesson id prefix {lesson_id!r} is ambiguous")
-                row = rows[0] if rows else None
+            row = _by_id_or_prefix(s, Lesson, lesson_id, "lesson")
             return _lesson_dict(row) if row else None
 
     def lesson_vectors(self, model: str, ids: Iterable[str]) -> dict[str, bytes]:
