@@ -305,14 +305,7 @@ class Store:
     def get_rollout(self, rollout_id: str) -> StoredRollout | None:
         """The rollout with this id, or with this unique id prefix; ValueError if ambiguous."""
         with self._session() as s:
-            row = s.get(RolloutRow, rollout_id)
-            if row is None:
-                rows = s.scalars(select(RolloutRow)
-                                 .where(RolloutRow.id.startswith(rollout_id, autoescape=True))
-                                 .order_by(RolloutRow.seq).limit(2)).all()
-                if len(rows) > 1:
-                    raise ValueError(f"rollout id prefix {rollout_id!r} is ambiguous")
-                row = rows[0] if rows else None
+            row = _by_id_or_prefix(s, RolloutRow, rollout_id, "rollout")
             return _from_row(row) if row else None
 
     def existing_ids(self, ids: Iterable[str]) -> set[str]:
