@@ -83,7 +83,8 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
         from evotrainer.frontier.synthesize import frontier_tasks
 
-        train_tasks += [t for t in frontier_tasks(store, d.name) if t.task_id not in {x.task_id for x in train_tasks}]
+        known = {t.task_id for t in train_tasks}
+        train_tasks += [t for t in frontier_tasks(store, d.name) if t.task_id not in known]
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     run_id = None
     if is_main():
