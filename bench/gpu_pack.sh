@@ -23,7 +23,7 @@ pins=$($PY - <<'PYEOF'
 from importlib.metadata import version
 names = ["trl", "datasets", "dill", "multiprocess", "pydantic", "pydantic-core", "annotated-types",
          "typing-inspection", "sqlalchemy", "gitpython", "gitdb", "smmap", "platformdirs",
-         "gguf", "openai", "jiter", "sniffio"]
+         "gguf", "openai", "jiter", "sniffio", "peft", "httpx2", "httpcore2", "truststore"]
 print(" ".join(f"{n}=={version(n)}" for n in names))
 PYEOF
 )
