@@ -16,7 +16,7 @@ case "${1:-run}" in
 esac
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false EVOTRAINER_HOME=${EVOTRAINER_HOME:-$CACHE/home}
 if [ -d "$CACHE/wheels" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target "$CACHE/site" "$CACHE"/wheels/*.whl
+  $PY -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$CACHE/site" "$CACHE"/wheels/*.whl
   export PYTHONPATH="$PWD:$CACHE/site${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

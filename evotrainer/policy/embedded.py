@@ -70,10 +70,7 @@ def _convert(source: Path, target: Path) -> None:
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise PolicyError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-    if tokenizer.eos_token != EXPECTED_EOS:
-        raise PolicyError(
-            f"embedded tokenizer eos_token is {tokenizer.eos_token!r}, expected {EXPECTED_EOS!r}"
-        )
+    fix_eos(tokenizer)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
     # Write to a temp dir beside the target and rename, so an interrupted conversion never
@@ -89,6 +86,20 @@ def _convert(source: Path, target: Path) -> None:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fix_eos(tokenizer) -> None:
+    """Make the chat template's end-of-turn token the tokenizer's eos, or refuse the model.
+
+    transformers 5.17 (the H200 image's) reads this GGUF's eos as <|im_start|>, 5.24 as
+    <|im_end|>. Generation must stop at <|im_end|>, which is a token of its own in this vocab."""
+    if tokenizer.eos_token == EXPECTED_EOS:
+        return
+    if tokenizer.convert_tokens_to_ids(EXPECTED_EOS) in (None, tokenizer.unk_token_id):
+        raise PolicyError(
+            f"embedded tokenizer eos_token is {tokenizer.eos_token!r} and it has no {EXPECTED_EOS!r} token"
+        )
+    tokenizer.eos_token = EXPECTED_EOS
 
 
 def resolve_model(name_or_path: str) -> str:
