@@ -33,8 +33,11 @@ tasks of its parents and adds them to its own pool. Assumptions, fixed before lo
   harder than the parent now is). Every variant is assumed valid (the trusted checker's rejects
   are not simulated); variants may themselves become parents.
 - uniform+frontier samples its whole grown pool uniformly. stratified+frontier offers its waiting
-  variants to the memory before unseen pool tasks; ReplayMemory.wanted decides how many unseen
-  tasks it takes per round, and variants not taken wait for a later round.
+  variants to the memory before unseen pool tasks, each with its parent (ReplayMemory.admit's
+  `parents`), so the memory starts a variant from its parent's belief; ReplayMemory.wanted decides
+  how many unseen tasks it takes per round, and variants not taken wait for a later round.
+  stratified+frontier (blind) is the same arm with the parents withheld: its memory must place
+  every variant by rolling it out first, as the memory did before variants carried priors.
 - the noise of the variants' difficulties comes from one seeded stream per seed, the same for both
   frontier arms.
 
@@ -59,7 +62,7 @@ BAND = (0.2, 0.8)
 TARGET = 0.6  # the stratified policy's mid share
 TARGET_BAND = (0.45, 0.75)  # what "keeps the share within the target band" means here
 SIGMA = 0.3  # spread of a variant's latent difficulty around its parent's (see module doc)
-ARMS = ("uniform", "stratified", "uniform_frontier", "stratified_frontier")
+ARMS = ("uniform", "stratified", "uniform_frontier", "stratified_frontier_blind", "stratified_frontier")
 
 
 @dataclass
@@ -104,13 +107,16 @@ class Arm:
     """One sampler on its own copy of the world: its pool, its draws, its estimates."""
 
     def __init__(self, name: str, tasks: dict[str, float], order: list[str], rng: random.Random,
-                 memory: ReplayMemory | None, frontier: int, vary: random.Random | None) -> None:
+                 memory: ReplayMemory | None, frontier: int, vary: random.Random | None,
+                 priors: bool = True) -> None:
         self.name, self.world, self.rng, self.memory = name, World(dict(tasks)), rng, memory
         self.order = order  # the base pool, for the pool pass rate
         self.pool = list(order)  # what uniform draws from; grows with variants
         self.stream = iter(order)  # the base pool's unseen tasks, for the memory
         self.waiting: list[str] = []  # variants the memory has not taken yet
         self.frontier, self.vary = frontier, vary
+        self.parent_of: dict[str, str] = {}  # variant -> parent, told to the memory when `priors`
+        self.priors = priors
         self.last: dict[str, tuple[int, int]] = {}  # each task's last observation (uniform's estimates)
         self.made = 0
         self.parents = 0
@@ -123,7 +129,8 @@ class Arm:
         want = self.memory.wanted(admit)
         offered = self.waiting[:want]
         offered += list(itertools.islice(self.stream, want - len(offered)))
-        taken = set(self.memory.admit(offered, r))
+        parents = {t: self.parent_of[t] for t in offered if t in self.parent_of} if self.priors else None
+        taken = set(self.memory.admit(offered, r, parents=parents))
         self.waiting = [t for t in self.waiting if t not in taken]
         return self.memory.sample(batch, self.rng)
 
@@ -158,6 +165,7 @@ class Arm:
             self.world.bonus[tid] = 0.0
             self.pool.append(tid)
             self.waiting.append(tid)
+            self.parent_of[tid] = parent
             fresh.append(tid)
         self.fresh_mid = mid_share(self.world, fresh)
 
@@ -173,9 +181,10 @@ def simulate(rounds: int, seed: int, n_tasks: int, batch: int, group: int, capac
     if frontier:
         arms["uniform_frontier"] = Arm("uniform_frontier", tasks, order, random.Random(f"uf:{seed}"), None,
                                        frontier, random.Random(f"vary:{seed}"))
-        arms["stratified_frontier"] = Arm("stratified_frontier", tasks, order, random.Random(f"sf:{seed}"),
-                                          ReplayMemory(strata_policy(group, capacity), decay=0.5), frontier,
-                                          random.Random(f"vary:{seed}"))
+        for name, priors in (("stratified_frontier_blind", False), ("stratified_frontier", True)):
+            arms[name] = Arm(name, tasks, order, random.Random(f"sf:{seed}"),
+                             ReplayMemory(strata_policy(group, capacity), decay=0.5), frontier,
+                             random.Random(f"vary:{seed}"), priors)
     strat, memory = arms["stratified"], arms["stratified"].memory
     rows = []
     for r in range(rounds):
@@ -297,19 +306,20 @@ def main() -> None:
     if a.frontier:
         print(f"\nfrontier synthesis: {a.frontier} variants per round per arm, difficulty = parent's + "
               f"Normal(0, {SIGMA}); true mid share of drawn prompts per round")
-        head = (f"{'round':>5} | {'uni':>5} {'str':>5} {'uni+f':>5} {'str+f':>5} | {'uni+f pool':>10} {'parents':>7} "
+        head = (f"{'round':>5} | {'uni':>5} {'str':>5} {'uni+f':>5} {'blind':>5} {'str+f':>5} | {'uni+f pool':>10} {'parents':>7} "
                 f"{'new mid':>7} | {'str+f pool':>10} {'parents':>7} {'new mid':>7} {'waiting':>7} {'mem':>4}")
         print(head)
         print("-" * len(head))
         for r in rows:
             print(f"{r['round']:>5} | {r['uniform_mid']:>5.2f} {r['stratified_mid']:>5.2f} "
-                  f"{r['uniform_frontier_mid']:>5.2f} {r['stratified_frontier_mid']:>5.2f} | "
+                  f"{r['uniform_frontier_mid']:>5.2f} {r['stratified_frontier_blind_mid']:>5.2f} "
+                  f"{r['stratified_frontier_mid']:>5.2f} | "
                   f"{r['uniform_frontier_pool']:>10} {r['uniform_frontier_parents']:>7} "
                   f"{r['uniform_frontier_fresh_mid']:>7.2f} | "
                   f"{r['stratified_frontier_pool']:>10} {r['stratified_frontier_parents']:>7} "
                   f"{r['stratified_frontier_fresh_mid']:>7.2f} {r['stratified_frontier_waiting']:>7} "
                   f"{r['stratified_frontier_memory']:>4}")
-        print("pool: the arm's tasks after this round's variants; parents: tasks it placed in the band this round; "
+        print("blind: stratified+frontier without the variants' parents (no priors); pool: the arm's tasks after this round's variants; parents: tasks it placed in the band this round; "
               "new mid: share of this round's variants whose TRUE pass rate is in the band when made; waiting: "
               "variants the memory has not taken yet")
     print()

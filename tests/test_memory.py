@@ -116,12 +116,14 @@ def test_memory_learns_the_models_drift_and_predicts_where_tasks_are_now():
             results[t] = (16, k)
             last_seen[t] = (r, (k + 0.5) / 17)
         mem.observe(results)
-    assert 0.25 < mem.drift + 0.5 * mem.lift < 0.6
+    # Saturated groups count too (a task gone from mid to all solved is drift); with them left
+    # out the estimate was 0.23 here and the memory's predictions erred 0.32 of the stale rates'.
+    assert 0.3 < mem.drift < 0.5
     now = {s.task_id: s.meta["logit"] for s in mem.stats()}
     truth = {t: start[t] + 0.4 * 12 for t in last_seen}
     err_memory = sum(abs(sigmoid(now[t]) - sigmoid(truth[t])) for t in last_seen)
     err_stale = sum(abs(last_seen[t][1] - sigmoid(truth[t])) for t in last_seen)
-    assert err_memory < 0.6 * err_stale
+    assert err_memory < 0.2 * err_stale
 
 
 def test_memory_asks_for_unseen_tasks_while_its_frontier_is_short():
@@ -299,3 +301,22 @@ def test_critical_reward_hacking_reverts_the_last_promotion_and_holds_back_other
     loop._hold_back(state)
     assert [c.decision for c in state.candidates] == ["reject", "promote"]
     assert "held-out guard" in state.candidates[0].reasons[-1]
+
+
+def test_a_variant_starts_from_its_parents_belief_and_its_first_result_is_not_drift():
+    mem = ReplayMemory(StrataPolicy(capacity=16, anchor_share=0.0, min_attempts=4), variant_var=1.0)
+    mem.admit(["parent", "other"], 0)
+    mem.observe({"parent": (8, 4), "other": (8, 4)})
+    assert mem.admit(["child", "orphan"], 1, parents={"child": "parent", "orphan": "gone"}) == ["child", "orphan"]
+    stats = {s.task_id: s for s in mem.stats()}
+    parent, child = stats["parent"].meta, stats["child"].meta
+    assert child["prior"] is True and child["logit"] == parent["logit"]
+    assert child["logit_var"] == pytest.approx(parent["logit_var"] + 1.0)
+    assert "prior" not in stats["orphan"].meta  # no parent belief: placed by rolling it out
+    assert mem.plan().strata["child"] == "mid" and mem.plan().strata["orphan"] == "new"
+    drift, lift = mem.drift, mem.lift
+    mem.observe({"child": (8, 8)})  # the variant was much easier than its parent
+    assert (mem.drift, mem.lift) == (drift, lift)
+    assert "prior" not in {s.task_id: s for s in mem.stats()}["child"].meta
+    again = ReplayMemory.from_json(mem.to_json())
+    assert again.variant_var == 1.0 and again.stats() == mem.stats()

@@ -11,11 +11,18 @@ pulls the mean toward it by the usual gain. The drift itself is learnt from the 
 re-observed tasks (saturated groups, all or none solved, say little about a shift and are left
 out). It also keeps decayed attempt counts (`decay`) for reports. The memory is plain data
 (to_json / from_json) so a run can keep it in its workdir between rounds.
+
+A synthesized variant (evotrainer/frontier) is admitted with its parent's belief as a prior,
+widened by `variant_var`: the synthesizer chose the parent because it sat in the band, and a
+variant is near its parent, so the memory places it there at once instead of spending a group of
+rollouts to find out. The first observation updates the prior like any other; it is not taken
+as evidence of drift.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,20 +46,22 @@ class Entry:
     logit_var: float = 0.0
     seen: int = -1  # observation round that last updated the belief
     trained: bool = False  # its last observation had mixed outcomes, so the model learnt on it
+    prior: bool = False  # the belief is still the parent's prior (a variant not yet observed)
 
 
 class ReplayMemory:
     """Tasks the curriculum may draw, at most `policy.capacity` of them."""
 
     def __init__(self, policy: StrataPolicy | None = None, decay: float = 0.5, noise: float = 0.1,
-                 drift_rate: float = 0.5) -> None:
-        if not 0.0 <= decay <= 1.0 or not 0.0 < drift_rate <= 1.0 or noise < 0.0:
-            raise ValueError(f"need decay in [0, 1], drift_rate in (0, 1], noise >= 0; got {decay}, "
-                             f"{drift_rate}, {noise}")
+                 drift_rate: float = 0.5, variant_var: float = 1.0) -> None:
+        if not 0.0 <= decay <= 1.0 or not 0.0 < drift_rate <= 1.0 or noise < 0.0 or variant_var < 0.0:
+            raise ValueError(f"need decay in [0, 1], drift_rate in (0, 1], noise >= 0, variant_var >= 0; "
+                             f"got {decay}, {drift_rate}, {noise}, {variant_var}")
         self.policy = policy or StrataPolicy()
         self.decay = decay
         self.noise = noise  # variance added to a belief per round unseen
         self.drift_rate = drift_rate  # how far one round's innovations move the drift estimate
+        self.variant_var = variant_var  # logit variance a variant adds to its parent's belief
         self.drift = 0.0  # the model's estimated logit gain per round, on every task
         self.lift = 0.0  # the extra gain of a task the model just learnt on (mixed outcomes)
         self.rounds = 0  # observations so far
@@ -65,11 +74,15 @@ class ReplayMemory:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self.entries
 
-    def admit(self, task_ids: Iterable[str], round_index: int, meta: Mapping[str, Mapping] | None = None) -> list[str]:
+    def admit(self, task_ids: Iterable[str], round_index: int, meta: Mapping[str, Mapping] | None = None,
+              parents: Mapping[str, str] | None = None) -> list[str]:
         """Admit new tasks while there is room; returns the ids admitted. Room is made by
         forgetting (mastered, unsolvable), then by evicting placed non-anchor tasks outside the
         band, farthest first; a mid task is never pushed out. A task forgotten before may come
-        back (its history restarts)."""
+        back (its history restarts). `parents` maps a synthesized variant to the task it was
+        made from: when the memory holds a belief about that parent, the variant starts from it
+        (see the module doc)."""
+        parents = parents or {}
         admitted: list[str] = []
         outside: list[str] | None = None  # eviction order, computed once the memory is full
         for tid in task_ids:
@@ -86,9 +99,19 @@ class ReplayMemory:
                 if len(self.entries) >= self.policy.capacity:
                     break
             self.entries[tid] = Entry(tid, round_index, meta=dict((meta or {}).get(tid, {})))
+            self._inherit(self.entries[tid], parents.get(tid))
             self.forgotten.pop(tid, None)
             admitted.append(tid)
         return admitted
+
+    def _inherit(self, child: Entry, parent_id: str | None) -> None:
+        """Start a variant from its parent's belief, as predicted now, widened by variant_var."""
+        parent = self.entries.get(parent_id) if parent_id else None
+        if parent is None or parent.logit is None:
+            return
+        mean, var = self._predict(parent, self.rounds)
+        child.logit, child.logit_var = mean, var + self.variant_var
+        child.seen, child.prior = self.rounds, True
 
     def _outside_band(self) -> list[str]:
         """Placed non-anchor tasks outside the band, in eviction order: those above it first
@@ -120,7 +143,7 @@ class ReplayMemory:
         for e in self.entries.values():
             e.recent_attempts *= self.decay
             e.recent_successes *= self.decay
-        surprise: list[tuple[float, int, bool, float]] = []  # (innovation, gap, trained, precision)
+        seen: list[tuple[int, int, float, float, int, bool]] = []  # (n, k, mean, var, gap, trained)
         for tid, (n, k) in results.items():
             e = self.entries.get(tid)
             if e is None:
@@ -137,30 +160,46 @@ class ReplayMemory:
             if e.logit is None:
                 e.logit, e.logit_var = y, r
             else:
+                gap = now - e.seen
+                if gap > 0 and not e.prior:  # a prior's error is the variant's, not drift
+                    seen.append((n, k, e.logit, e.logit_var + self.noise * gap, gap, e.trained))
                 mean, var = self._predict(e, now)
-                if 0 < k < n:
-                    surprise.append((y - mean, now - e.seen, e.trained, 1.0 / (var + r)))
                 gain = var / (var + r)
                 e.logit, e.logit_var = mean + gain * (y - mean), var * (1.0 - gain)
-            e.seen, e.trained = now, 0 < k < n
-        self._learn_drift(surprise)
+            e.seen, e.trained, e.prior = now, 0 < k < n, False
+        self._learn_drift(seen)
         self.rounds += 1
 
-    def _learn_drift(self, surprise: list[tuple[float, int, bool, float]]) -> None:
-        """Move (drift, lift) toward the weighted least-squares fit of the innovations, each
-        explained as d * gap + l * trained (a small ridge keeps a one-sided round stable)."""
-        if not surprise:
+    def _learn_drift(self, seen: list[tuple[int, int, float, float, int, bool]]) -> None:
+        """Move (drift, lift) toward their maximum-likelihood fit to this round's re-observed
+        tasks: k of n solved, with the pass rate's logit = mean + drift * gap + lift * trained,
+        where the belief's own variance flattens the curve (the probit approximation of the
+        logistic-normal). Every group counts, saturated ones too: a task that went from mid to
+        all solved is the clearest sign of drift, and leaving such groups out pulled the estimate
+        toward 0 while the model kept improving. A ridge toward the current estimate keeps a
+        one-sided round stable; a few Newton steps solve it."""
+        if not seen:
             return
         ridge = 1.0
-        a = b = c = u = v = 0.0  # normal equations [[a, b], [b, c]] @ (d, l) = (u, v)
-        for e, gap, trained, w in surprise:
-            t = 1.0 if trained else 0.0
-            a, b, c = a + w * gap * gap, b + w * gap * t, c + w * t * t
-            u, v = u + w * gap * e, v + w * t * e
-        a, c = a + ridge, c + ridge
-        det = a * c - b * b
-        self.drift += self.drift_rate * (c * u - b * v) / det
-        self.lift += self.drift_rate * (a * v - b * u) / det
+        d, lift = self.drift, self.lift
+        for _ in range(20):
+            gd, gl = -ridge * (d - self.drift), -ridge * (lift - self.lift)
+            a = c = ridge  # the negative Hessian [[a, b], [b, c]]
+            b = 0.0
+            for n, k, mean, var, gap, trained in seen:
+                t = 1.0 if trained else 0.0
+                kappa = 1.0 / math.sqrt(1.0 + math.pi * var / 8.0)
+                p = sigmoid(kappa * (mean + d * gap + lift * t))
+                resid, w = (k - n * p) * kappa, n * p * (1.0 - p) * kappa * kappa
+                gd, gl = gd + resid * gap, gl + resid * t
+                a, b, c = a + w * gap * gap, b + w * gap * t, c + w * t * t
+            det = a * c - b * b
+            step_d, step_l = (c * gd - b * gl) / det, (a * gl - b * gd) / det
+            d, lift = d + step_d, lift + step_l
+            if abs(step_d) + abs(step_l) < 1e-9:
+                break
+        self.drift += self.drift_rate * (d - self.drift)
+        self.lift += self.drift_rate * (lift - self.lift)
 
     def _predict(self, e: Entry, now: int) -> tuple[float, float]:
         """The belief moved forward from when it was last updated to observation round `now`."""
@@ -176,6 +215,8 @@ class ReplayMemory:
                     "admitted": e.admitted}
             if e.logit is not None:
                 meta["logit"], meta["logit_var"] = self._predict(e, self.rounds)
+            if e.prior:
+                meta["prior"] = True
             out.append(TaskStats(e.task_id, e.attempts, e.successes, meta))
         return out
 
@@ -210,13 +251,14 @@ class ReplayMemory:
         pol = asdict(self.policy)
         pol["shares"] = dict(self.policy.shares)
         return {"policy": pol, "decay": self.decay, "noise": self.noise, "drift_rate": self.drift_rate,
+                "variant_var": self.variant_var,
                 "drift": self.drift, "lift": self.lift, "rounds": self.rounds, "entries": [asdict(e) for e in self.entries.values()],
                 "forgotten": dict(self.forgotten)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ReplayMemory":
         mem = cls(StrataPolicy(**data["policy"]), float(data["decay"]), float(data.get("noise", 0.1)),
-                  float(data.get("drift_rate", 0.5)))
+                  float(data.get("drift_rate", 0.5)), float(data.get("variant_var", 1.0)))
         mem.drift, mem.lift = float(data.get("drift", 0.0)), float(data.get("lift", 0.0))
         mem.rounds = int(data.get("rounds", 0))
         for e in data["entries"]:

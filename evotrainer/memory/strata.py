@@ -9,7 +9,7 @@ variance. The replay memory supplies it in TaskStats.meta (`logit`, `logit_var`:
 filter that already predicts the model's drift since the task was last seen); otherwise it comes
 from the counts (the recent window `recent_attempts`/`recent_successes` when present, else all
 attempts) with a Jeffreys prior. Strata, by the belief's pass rate:
-  new       fewer than `min_attempts` attempts in all: not enough evidence to place it
+  new       fewer than `min_attempts` attempts in all (and no prior): not enough evidence to place it
   unsolved  pass rate 0
   hard      above 0, below the band
   mid       inside the band [lo, hi], or outside it while the belief still puts at least
@@ -165,9 +165,13 @@ def distance(rate: Optional[float], policy: StrataPolicy) -> float:
 
 def place(stats: TaskStats, policy: StrataPolicy) -> Tuple[str, float]:
     """(stratum, chance of lying in the band). A task never solved stays "unsolved" until its
-    belief (which may have drifted up since it was last seen) reaches `mid_chance`."""
+    belief (which may have drifted up since it was last seen) reaches `mid_chance`. A task whose
+    belief is a prior (meta `prior`: a variant starting from its parent's belief) is placed by
+    that belief before any attempt."""
     attempts, rate = evidence(stats)
     chance = band_chance(stats, policy)
+    if stats.meta.get("prior") is True and belief(stats) is not None:
+        return stratum(max(attempts, policy.min_attempts), rate, policy, chance), chance
     if stats.successes <= 0 and attempts >= policy.min_attempts and chance < policy.mid_chance:
         return "unsolved", chance
     return stratum(attempts, rate, policy, chance), chance
