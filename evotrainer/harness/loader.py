@@ -133,6 +133,20 @@ EXPERIENCE_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 EXPERIENCE_DEFAULTS = {"share": 0.0, "k": 2, "min_score": -1.0}
 
+# The replay memory (evotrainer/memory/run.py): when enabled, the curriculum sees only the tasks
+# the run's memory holds (at most `capacity`), each with the memory's drift-aware pass-rate
+# belief in TaskStats.meta; the memory admits up to `admit` unseen tasks a round while it holds
+# fewer than `frontier` mid tasks, and starts a frontier variant from its parent's belief
+# widened by `variant_var`.
+MEMORY_KEYS: dict[str, Callable[[Any], Any]] = {
+    "enabled": _flag,
+    "capacity": _integer(1),
+    "frontier": _integer(0),
+    "admit": _integer(1),
+    "variant_var": _number(0.0),
+}
+MEMORY_DEFAULTS = {"enabled": False, "capacity": 256, "frontier": 64, "admit": 64, "variant_var": 1.0}
+
 
 @dataclass(frozen=True)
 class HarnessSpec:
@@ -142,6 +156,7 @@ class HarnessSpec:
     reward_weights: dict[str, float]
     raw: dict
     experience: dict = field(default_factory=lambda: dict(EXPERIENCE_DEFAULTS))
+    memory: dict = field(default_factory=lambda: dict(MEMORY_DEFAULTS))
 
 
 def parse_spec(text: str) -> HarnessSpec:
@@ -181,20 +196,27 @@ def parse_spec(text: str) -> HarnessSpec:
             weights[key] = _number(-math.inf)(value)
         except ValueError as exc:
             raise HarnessError(f"{SPEC_FILE}: reward_weights.{key} {exc}") from None
-    experience_raw = raw.get("experience") or {}
-    if not isinstance(experience_raw, dict):
-        raise HarnessError(f"{SPEC_FILE}: experience must be a mapping, got {type(experience_raw).__name__}")
-    unknown = sorted(str(k) for k in experience_raw if k not in EXPERIENCE_KEYS)
+    experience = _section(raw, "experience", EXPERIENCE_KEYS, EXPERIENCE_DEFAULTS)
+    memory = _section(raw, "memory", MEMORY_KEYS, MEMORY_DEFAULTS)
+    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw, experience=experience, memory=memory)
+
+
+def _section(raw: dict, name: str, keys: dict[str, Callable[[Any], Any]], defaults: dict) -> dict:
+    """A validated optional section of harness.yaml, its defaults filled in."""
+    given = raw.get(name) or {}
+    if not isinstance(given, dict):
+        raise HarnessError(f"{SPEC_FILE}: {name} must be a mapping, got {type(given).__name__}")
+    unknown = sorted(str(k) for k in given if k not in keys)
     if unknown:
-        raise HarnessError(f"{SPEC_FILE}: unknown experience key(s) {', '.join(unknown)}; "
-                           f"known: {', '.join(EXPERIENCE_KEYS)}")
-    experience = dict(EXPERIENCE_DEFAULTS)
-    for key, value in experience_raw.items():
+        raise HarnessError(f"{SPEC_FILE}: unknown {name} key(s) {', '.join(unknown)}; known: {', '.join(keys)}")
+    out = dict(defaults)
+    for key, value in given.items():
         try:
-            experience[key] = EXPERIENCE_KEYS[key](value)
+            out[key] = keys[key](value)
         except ValueError as exc:
-            raise HarnessError(f"{SPEC_FILE}: experience.{key} {exc}") from None
-    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw, experience=experience)
+            raise HarnessError(f"{SPEC_FILE}: {name}.{key} {exc}") from None
+    return out
+
 
 
 # ---------------------------------------------------------------- return-value validators

@@ -282,6 +282,13 @@ class Store:
             for tid in sorted(set(counts) | set(known))
         ]
 
+    def round_counts(self, run_id: int, round_index: int, domain: str | None = None) -> dict[str, tuple[int, int]]:
+        """{task_id: (attempts, verified successes)} over one round's rollouts of a run."""
+        successes = func.sum(case((RolloutRow.outcome_success, 1), else_=0))
+        query = self.scoped(select(RolloutRow.task_id, func.count(), successes), run_id, round_index, domain)
+        with self._session() as s:
+            return {tid: (n, int(k or 0)) for tid, n, k in s.execute(query.group_by(RolloutRow.task_id))}
+
     # -- rollouts ---------------------------------------------------------------------------
 
     def add_rollouts(self, rows: Iterable[StoredRollout], batch_size: int = 1000) -> int:

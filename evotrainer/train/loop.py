@@ -139,18 +139,39 @@ def heldout_backend(session: Session, model, tokenizer):
     return CachedBackend(backend, session.rollout_cache, session.config.policy.model)
 
 
-def sample_round_tasks(session: Session, n: int, seed: int) -> list[Task]:
-    """Draw the round's prompts with the harness curriculum's weights over per-task history."""
-    stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
-    task_stats = [
-        stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
-        for t in session.train_tasks
-    ]
+def sample_round_tasks(session: Session, n: int, seed: int, index: int | None = None) -> list[Task]:
+    """Draw the round's prompts with the harness curriculum's weights over per-task history, or,
+    with harness.yaml `memory` enabled, over the tasks the run's replay memory holds."""
+    if session.harness.spec.memory["enabled"]:
+        task_stats = share(memory_task_stats(session, index, seed) if is_main() else None)
+    else:
+        stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
+        task_stats = [
+            stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
+            for t in session.train_tasks
+        ]
     weights = session.harness.weights(task_stats)
     w = [weights.get(t.task_id, 0.0) for t in session.train_tasks]
     if sum(w) <= 0:
         raise RuntimeError("curriculum.py: weights() gave every train task weight 0")
     return random.Random(seed).choices(session.train_tasks, weights=w, k=n)
+
+
+def memory_task_stats(session: Session, index: int | None, seed: int) -> list[TaskStats]:
+    """The replay memory's tasks for round `index` (evotrainer/memory/run.py): observe the
+    finished rounds it has not seen, forget, admit, and report what it holds."""
+    from evotrainer.memory.run import RunMemory
+
+    spec, cfg = session.harness.spec.memory, session.config
+    finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
+    index = (max(finished) + 1 if finished else 0) if index is None else index
+    memory = RunMemory.open(session.workdir, cfg.run_name, spec)
+    memory.catch_up(session.store, session.run_id, cfg.domain.name, [i for i in finished if i < index])
+    admitted = memory.refill(session.train_tasks, index, spec["admit"], seed)
+    counts = memory.memory.strata_counts()
+    session.console.print(f"memory: {len(memory.memory)} task(s) held, {len(admitted)} admitted; "
+                          + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    return memory.task_stats(session.train_tasks)
 
 
 def build_peft(model, grpo: dict):
@@ -227,7 +248,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     model_version = adapter_version(prev if prev and prev.is_dir() else None)
     round_id = share(session.store.start_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
-    tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed)
+    tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed, index)
     rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
              "task_id": t.task_id} for t in tasks]
     scaffold_kwargs = {}
@@ -284,6 +305,12 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
                        "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
     if is_main():
         session.store.finish_round(round_id, summary.metrics, str(out))
+        if session.harness.spec.memory["enabled"]:  # the memory on disk holds this round's results
+            from evotrainer.memory.run import RunMemory
+
+            finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
+            RunMemory.open(session.workdir, cfg.run_name, session.harness.spec.memory).catch_up(
+                session.store, session.run_id, cfg.domain.name, finished)
     barrier()  # the next round reads this one's rollouts and status on every rank
     return model, summary
 
