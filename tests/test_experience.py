@@ -238,11 +238,20 @@ def test_parse_lessons_names_what_is_wrong(reply, problem):
 
 
 def test_harness_yaml_experience_key_is_validated():
-    assert parse_spec("grpo: {}").experience == {"share": 0.0, "k": 2, "min_score": -1.0}
+    assert parse_spec("grpo: {}").experience == {"share": 0.0, "k": 2, "min_score": -1.0, "clip_high": None}
     assert parse_spec("experience: {share: 0.5, k: 3}").experience["share"] == 0.5
-    for bad in ("experience: {share: 1.5}", "experience: {k: 0}", "experience: {boost: 1}", "experience: [1]"):
+    assert parse_spec("experience: {share: 0.5, clip_high: 0.6}").experience["clip_high"] == 0.6
+    for bad in ("experience: {share: 1.5}", "experience: {k: 0}", "experience: {boost: 1}", "experience: [1]",
+                "experience: {clip_high: 0}", "grpo: {loss_type: cispo}\nexperience: {clip_high: 0.6}"):
         with pytest.raises(HarnessError, match="experience"):
             parse_spec(bad)
+
+
+def test_guided_rows_get_their_own_upper_clip():
+    from evotrainer.train.grpo import clip_column
+
+    column = clip_column([("l1", "l2"), (), ("l3",), ()], 0.6, 0.28, "cpu")
+    assert column.tolist() == pytest.approx([0.6, 0.28, 0.6, 0.28])
 
 
 def test_injection_puts_lessons_into_the_chosen_share_only(lesson_store, embedder):
@@ -324,10 +333,12 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     # every rollout guided; beta > 0 so TRL takes reference log-probs too; short completions (cost)
     text = (spec.read_text().replace("beta: 0.0", "beta: 0.04").replace("share: 0.0", "share: 1.0")
             .replace("max_completion_length: 32", "max_completion_length: 12")
-            .replace("num_generations: 8", "num_generations: 4"))
+            .replace("num_generations: 8", "num_generations: 4")
+            .replace("  k: 2", "  k: 2\n  clip_high: 0.6"))
     spec.write_text(text)
     harness = load_harness(harness_dir)
     assert harness.spec.experience["share"] == 1.0 and harness.spec.grpo["beta"] == 0.04
+    assert harness.spec.experience["clip_high"] == 0.6
     assert harness.spec.grpo["max_completion_length"] == 12 and harness.spec.grpo["num_generations"] == 4
 
     cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.heldout_size=2"])
@@ -347,11 +358,24 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
 
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
     model = build_peft(model, session.grpo)
+    from trl import GRPOTrainer
+
+    clips = []  # the epsilon_high TRL's loss sees: every row here is guided, so all 0.6
+    trl_loss = GRPOTrainer._compute_loss
+
+    def loss_with_clip(self, model, inputs):
+        clips.append(self.epsilon_high)
+        return trl_loss(self, model, inputs)
+
+    GRPOTrainer._compute_loss = loss_with_clip
     try:
         with make_progress(session.console) as progress:
             train_round(session, model, tokenizer, 0, 1, progress)
     finally:
         handle.remove()
+        GRPOTrainer._compute_loss = trl_loss
+    assert clips and all(isinstance(c, torch.Tensor) and c.shape == (4, 1) for c in clips)
+    assert all(c.eq(torch.tensor(0.6)).all() for c in clips)
 
     loss = [n for n, (grad, _, _) in enumerate(forwards) if grad]
     assert loss, "no forward pass with gradients: the loss was never computed"

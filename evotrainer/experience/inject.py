@@ -84,6 +84,7 @@ class ExperienceInjector:
         self._clean: list[Any] | None = None  # the clean prompt of every row of the batch in flight
         self.last_lessons: list[tuple[str, ...]] = []  # lesson ids per row of that batch
         self._warned = False
+        self.clip_high: float | None = None  # epsilon_high for guided rows (harness experience.clip_high)
 
     @classmethod
     def from_harness(cls, harness, pool: ExperiencePool, domain: str, seed: int) -> "ExperienceInjector | None":
@@ -91,7 +92,9 @@ class ExperienceInjector:
         spec = harness.spec.experience
         if spec["share"] <= 0:
             return None
-        return cls(pool, domain, spec["share"], spec["k"], spec["min_score"], seed)
+        injector = cls(pool, domain, spec["share"], spec["k"], spec["min_score"], seed)
+        injector.clip_high = spec["clip_high"]
+        return injector
 
     def inject(self, inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Copies of the rows, `share` of them (rounded) with lessons in their prompt."""

@@ -125,13 +125,18 @@ GRPO_KEYS: dict[str, Callable[[Any], Any]] = {
 
 
 # The experience pool (evotrainer/experience): the share of training rollouts whose prompt
-# carries the k stored lessons most similar to their task (cosine similarity >= min_score).
+# carries the k stored lessons most similar to their task (cosine similarity >= min_score), and
+# the upper clip those rollouts train with (null: the same epsilon_high as every rollout).
 EXPERIENCE_KEYS: dict[str, Callable[[Any], Any]] = {
     "share": _number(0.0, 1.0),
     "k": _integer(1),
     "min_score": _number(-1.0, 1.0),
+    "clip_high": lambda v: None if v is None else _number(0.0, low_open=True)(v),
 }
-EXPERIENCE_DEFAULTS = {"share": 0.0, "k": 2, "min_score": -1.0}
+EXPERIENCE_DEFAULTS = {"share": 0.0, "k": 2, "min_score": -1.0, "clip_high": None}
+# Loss types whose ratio is clipped to [1 - epsilon, 1 + epsilon_high] (TRL 1.16), where a wider
+# upper clip for guided rollouts means what it says.
+RATIO_CLIP_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")
 
 # The replay memory (evotrainer/memory/run.py): when enabled, the curriculum sees only the tasks
 # the run's memory holds (at most `capacity`), each with the memory's drift-aware pass-rate
@@ -197,6 +202,10 @@ def parse_spec(text: str) -> HarnessSpec:
         except ValueError as exc:
             raise HarnessError(f"{SPEC_FILE}: reward_weights.{key} {exc}") from None
     experience = _section(raw, "experience", EXPERIENCE_KEYS, EXPERIENCE_DEFAULTS)
+    loss_type = grpo.get("loss_type", "dapo")  # TRL 1.16's default
+    if experience["clip_high"] is not None and loss_type not in RATIO_CLIP_LOSSES:
+        raise HarnessError(f"{SPEC_FILE}: experience.clip_high needs a ratio-clipped loss "
+                           f"({', '.join(RATIO_CLIP_LOSSES)}), not grpo.loss_type {loss_type}")
     memory = _section(raw, "memory", MEMORY_KEYS, MEMORY_DEFAULTS)
     return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw, experience=experience, memory=memory)
 

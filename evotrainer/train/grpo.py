@@ -5,6 +5,12 @@ pinned range in pyproject.toml): after TRL has generated, scored and computed gr
 the harness filters decide which rollouts train. Filtered rollouts get their loss mask zeroed
 and the token normaliser is recomputed. Simplification: a filtered group is not replaced by a
 fresh one (true dynamic sampling would resample to refill the batch), so the batch shrinks.
+
+Selective boosting (harness experience.clip_high): rows whose prompt carried lessons get their
+own upper clip. The batch carries it as a (B,) column `clip_high`, which TRL shuffles and splits
+with the other rows; `_compute_loss` hands it to TRL's loss as epsilon_high, shaped (B, 1) (and
+epsilon_low as a column of its one value), which broadcasts over the tokens wherever TRL clamps
+or counts clipped ratios.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class HarnessGRPOTrainer(GRPOTrainer):
             return output
         if self.experience is not None:  # the loss sees clean prompts (experience/inject.py)
             output = self.experience.strip(self, output)
+            if self.experience.clip_high is not None:
+                output["clip_high"] = clip_column(self.experience.last_lessons, self.experience.clip_high,
+                                                  self.epsilon_high, output["advantages"].device)
         advantages = output["advantages"]
         kept = self.recorder.finalize(advantages.tolist(), self.num_generations)
         keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)
@@ -54,6 +63,19 @@ class HarnessGRPOTrainer(GRPOTrainer):
         self._log_batch_metrics(kept)
         return output
 
+    def _compute_loss(self, model, inputs):
+        clip = inputs.get("clip_high")
+        if clip is None:
+            return super()._compute_loss(model, inputs)
+        shared = self.epsilon_low, self.epsilon_high
+        # torch.clamp takes two numbers or two tensors, so the lower bound becomes a column too
+        self.epsilon_high = clip.unsqueeze(1)
+        self.epsilon_low = torch.full_like(self.epsilon_high, float(self.epsilon_low))
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self.epsilon_low, self.epsilon_high = shared
+
     def _log_batch_metrics(self, kept: list[bool]) -> None:
         rows = self.recorder.last_batch
         metrics = self._metrics["train"]
@@ -63,3 +85,8 @@ class HarnessGRPOTrainer(GRPOTrainer):
         for name in names:
             values = [r.reward_components.get(name, 0.0) for r in rows]
             metrics[f"harness/{name}"].append(sum(values) / len(values))
+
+
+def clip_column(lessons: list[tuple[str, ...]], guided: float, default: float, device) -> torch.Tensor:
+    """Each row's upper clip: `guided` where its prompt carried lessons, else `default`."""
+    return torch.tensor([guided if ids else default for ids in lessons], dtype=torch.float32, device=device)
