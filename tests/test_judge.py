@@ -219,3 +219,31 @@ def test_judge_drift_probe_fires_when_judges_contradict_outcomes():
     assert probe.level(probe.evaluate(batch(3), [0.0] * 10)) == "warn"        # 0.3
     assert probe.level(probe.evaluate(batch(5), [0.0] * 10)) == "critical"    # 0.5
     assert probe.evaluate(batch(5)[:7], [0.0] * 7) is None                    # too few labelled
+
+
+@pytest.mark.slow
+def test_the_local_hf_judge_runs_the_embedded_model_and_never_counts_a_bad_reply_as_a_pass(
+        tmp_path, embedded_model_dir):
+    """judge.backend=hf with the embedded 135M model: each role's prompt goes through the chat
+    template and generate; whatever the small model writes is validated like a server's reply,
+    so a verdict is either a valid one or recorded as missing (never a silent pass)."""
+    from evotrainer.judge.backends import HFBackend
+
+    store = make_store(tmp_path, [rollout("r1", ok=True)])
+    config = JudgeConfig(backend="hf", model="embedded", max_tokens=48, max_retries=1)
+    backend = make_backend(config)
+    assert isinstance(backend, HFBackend) and backend.model == "hf:embedded"
+    reply = backend.complete([{"role": "user", "content": 'Reply with the JSON {"ok": true}.'}], 0.0, 16)
+    assert isinstance(reply, str) and reply.strip()  # the model answered something
+    panel = JudgePanel.from_config(config, backend, JudgeRecords(store))
+    result = panel.judge(store.get_rollout("r1").rollout)
+    for vote in result.votes.values():
+        assert vote.status in ("ok", "missing") and vote.attempts <= 2
+        assert (vote.verdict is None) == (vote.status == "missing")
+    if result.label in ("success", "failure"):  # the roles agreed on valid verdicts
+        assert all(v.status == "ok" for v in result.votes.values())
+    else:
+        assert result.success is None
+    rows = JudgeRecords(store).verdicts(["r1"])
+    assert {r.role for r in rows} == set(result.votes) and all(r.model == "hf:embedded" for r in rows)
+    store.close()
