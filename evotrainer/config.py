@@ -170,6 +170,9 @@ class CoevolveConfig(_Strict):
     max_proposals: int = Field(8, ge=1)  # backtested per round; at most one is promoted
     enable_skills: list[str] = Field(default_factory=list)  # off-by-default skills to allow
     verify_z: float = Field(2.0, ge=0)  # a regression beyond z standard errors reverts
+    # control: the verified round is trained again without the change (coevolve/control.py) and
+    # compared task by task; previous: compared with the round before (cheaper, counts drift too)
+    verify_against: Literal["control", "previous"] = "control"
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
 
 

@@ -179,3 +179,99 @@ def test_kill_and_resume_loses_no_rollout(tmp_path, embedded_model_dir):
         assert s.count_rollouts() >= before
         ids_round0 = {r.rollout.id for r in s.iter_rollouts(round_index=0)}
     assert len(ids_round0) >= before
+
+
+def _eval(seed: int, n: int, solved: list[str]) -> dict:
+    return {"seed": seed, "n": n, "successes": len(solved), "success_rate": len(solved) / n,
+            "details": {"solved": solved}}
+
+
+def test_paired_verification_counts_only_the_tasks_the_arms_disagree_on():
+    from evotrainer.coevolve.verify import verify, verify_paired
+
+    control = [_eval(0, 100, [f"t{i}" for i in range(50)])]
+    live = [_eval(0, 100, [f"t{i}" for i in range(42)])]  # lost 8, gained none
+    paired = verify_paired(control, live, 2.0)
+    assert (paired.baseline, paired.live) == (0.5, 0.42) and paired.against == "control arm"
+    # per-task differences: mean -0.08, variance 0.08 - 0.0064, standard error sqrt(0.0736 / 100)
+    assert paired.noise == pytest.approx((0.0736 / 100) ** 0.5) and paired.regressed
+    assert not verify(control, live, 2.0).regressed  # unpaired, the same drop is within noise
+    # Swapping which tasks are solved at the same rates: 10 lost and 10 gained is noise.
+    swapped = [_eval(0, 100, [f"t{i}" for i in range(10, 60)])]
+    assert not verify_paired(control, swapped, 2.0).regressed
+    # Evals without per-task results fall back to the unpaired test, still named as the control.
+    bare = [{**e, "details": {}} for e in control]
+    assert verify_paired(bare, live, 2.0).noise == verify(bare, live, 2.0).noise
+
+
+def test_verification_against_the_control_arm_does_not_charge_drift_to_the_change(loop):
+    """Held-out success fell from round 0 to round 1, but the control arm (round 1 without the
+    change) fell just as far on the same tasks: drift, not the change, so the skill is kept."""
+    from evotrainer.coevolve.control import control_run
+
+    store, run_id, round0 = seed_round(loop.ws.root)
+    skill = "partial-credit-format"
+    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    cand = loop.repo.propose(0, "pcf", rendered, diagnosis="dead groups", targets="dead_group_ratio",
+                             expected="fewer dead groups")
+    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
+    round1 = store.start_round(run_id, 1, merge, "lora-x")
+    tasks = [f"h{i}" for i in range(200)]
+    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {"solved": tasks[:120]})
+    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {"solved": tasks[:60]})  # 0.60 -> 0.30
+    control = store.get_or_create_run(control_run("tiny"), "math", {})
+    c1 = store.start_round(control, 1, "parent", "lora-x")
+    store.add_eval(control, c1, "heldout", "c1", 0, 200, 62, {"solved": tasks[:62]})
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert SkillLibrary.load(loop.ws.root).get(skill).status == "validated"
+    assert "partial_format" in loop.repo.sources("main")["reward.py"]
+    # The same evidence judged against the previous round reverts it.
+    loop.config = loop.config.model_copy(update={"coevolve": loop.config.coevolve.model_copy(
+        update={"verify_against": "previous"})})
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert "partial_format" not in loop.repo.sources("main")["reward.py"]
+
+
+@pytest.mark.slow
+def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path, embedded_model_dir):
+    """Real rounds of the tiny config: after a promotion in round 0, stage train runs the control
+    arm (round 1 without the change) and then round 1 itself. Both start from round 0's adapter,
+    draw the same prompts with the same seed and history, and differ only in harness; verify then
+    compares them task by task."""
+    from collections import Counter
+
+    from evotrainer.coevolve.control import control_run
+
+    loop = Coevolution(plain_config(tmp_path), tmp_path / "work")
+    state = _state(loop)
+    loop.stage_train(state)  # round 0
+    parent = loop.repo.resolve("main")
+    skill = "partial-credit-format"
+    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    cand = loop.repo.propose(0, "pcf", rendered, diagnosis="d", targets="dead_group_ratio", expected="e")
+    merge = loop.repo.promote(cand.branch, "passed")
+    state.round, state.pending = 1, Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0)
+    loop.stage_train(state)  # the control arm, then round 1
+    with Store.open(loop.ws.root) as store:
+        main, control = store.run_id("tiny"), store.run_id(control_run("tiny"))
+        live = list(store.iter_rollouts(run_id=main, round_index=1))
+        ctl = list(store.iter_rollouts(run_id=control, round_index=1))
+        round0 = list(store.iter_rollouts(run_id=main, round_index=0))
+        assert live and Counter(r.rollout.task_id for r in live) == Counter(r.rollout.task_id for r in ctl)
+        assert {r.model_version for r in live} == {r.model_version for r in ctl} != {r.model_version for r in round0}
+        assert {r.harness_version for r in live} == {merge} and {r.harness_version for r in ctl} == {parent}
+        assert {r.seed for r in live} == {r.seed for r in ctl}
+        assert any("partial_format" in r.reward_components for r in live)
+        assert not any("partial_format" in r.reward_components for r in ctl)
+        assert len(store.rounds(control)) == 1 and store.rounds(control)[0]["finished_at"]
+    loop.stage_train(state)  # resumed: both arms of round 1 are done, nothing trains again
+    with Store.open(loop.ws.root) as store:
+        assert store.count_rollouts(run_id=control) == len(ctl)
+    loop.stage_verify(state)
+    assert state.pending is None
+    status = SkillLibrary.load(loop.ws.root).get(skill).status
+    assert status in ("validated", "failed")

@@ -3,7 +3,8 @@
 Each stage's outcome is saved in `<workdir>/coevolve.json` before the next begins, and every
 harness change is a git commit, so a kill at any point resumes at the stage it interrupted.
 At most one change is promoted per round, so its live effect can be attributed to it; the
-next round verifies it on held-out verified success and reverts it if that regressed.
+next round verifies it on held-out verified success and reverts it if that regressed, compared
+by default with a control arm trained without the change (coevolve/control.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rich.table import Table
 
 from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
 from evotrainer.coevolve.state import Candidate, Pending, RunState
-from evotrainer.coevolve.verify import Verdict, verify
+from evotrainer.coevolve.control import control_evals, train_control
+from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
 from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
@@ -93,6 +95,9 @@ class Coevolution:
     def stage_train(self, state: RunState) -> None:
         from evotrainer.train.loop import open_session, run_training
 
+        if state.pending is not None and self.config.coevolve.verify_against == "control":
+            # Before the main round: the control arm reads the main run's history up to here.
+            train_control(self.config, self.ws.root, self.repo, state.pending, state.round, self.console)
         session = open_session(self.config, self.ws.root, self.console)
         last = session.store.last_finished_round(session.run_id)
         done = last[0] if last else -1
@@ -115,8 +120,17 @@ class Coevolution:
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             evals = [e for e in store.evals(run_id) if e["split"] == "heldout" and e["adapter"]]
+            control = (control_evals(store, self.config.run_name, state.round)
+                       if self.config.coevolve.verify_against == "control" else [])
         by_round = lambda i: [e for e in evals if e["round_index"] == i]  # noqa: E731
-        verdict = verify(by_round(pending.round), by_round(state.round), self.config.coevolve.verify_z)
+        z = self.config.coevolve.verify_z
+        if control:
+            verdict = verify_paired(control, by_round(state.round), z)
+        else:
+            if self.config.coevolve.verify_against == "control":
+                self.console.print(f"[yellow]no control arm for round {state.round}: comparing with round "
+                                   f"{pending.round} instead")
+            verdict = verify(by_round(pending.round), by_round(state.round), z)
         self.console.print(f"{pending.branch}: {verdict.describe()}")
         if verdict.regressed:
             self._revert(state, pending, verdict)

@@ -1,8 +1,13 @@
 """Live verification of a promotion: did held-out verified success regress beyond noise?
 
-Noise is the binomial standard error of the baseline's held-out success over every eval task
-(all eval seeds pooled), plus the spread between eval seeds when there are several. A drop of
-more than `z` noise units reverts the promotion.
+Two baselines. Against the previous round (`verify`): noise is the binomial standard error of
+the baseline's held-out success over every eval task (all eval seeds pooled), plus the spread
+between eval seeds when there are several. That comparison also charges the policy's own drift
+between rounds to the change. Against the control arm (`verify_paired`, coevolve/control.py):
+the same round trained again from the same adapter, seed and task history under the parent
+harness, so the change is the only difference; both arms answer the same held-out tasks, and
+noise is the standard error of the per-task differences. Either way a drop of more than `z`
+noise units reverts the promotion.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ class Verdict:
     live: float
     noise: float
     regressed: bool
+    against: str = "previous round"  # or "control arm"
 
     @property
     def delta(self) -> float:
@@ -26,6 +32,9 @@ class Verdict:
 
     def describe(self) -> str:
         word = "regressed" if self.regressed else "held"
+        if self.against == "control arm":
+            return (f"held-out success {self.live:.3f} with the change vs {self.baseline:.3f} in the control arm "
+                    f"({self.delta:+.3f}, paired noise {self.noise:.3f}): {word}")
         return (f"held-out success {self.baseline:.3f} -> {self.live:.3f} "
                 f"({self.delta:+.3f}, noise {self.noise:.3f}): {word}")
 
@@ -47,3 +56,24 @@ def verify(baseline: Sequence[Mapping], live: Sequence[Mapping], z: float) -> Ve
     se = math.sqrt(max(p * (1 - p), 1.0 / n) / n)
     noise = se + max(spread, spread_live)
     return Verdict(baseline=p, live=q, noise=noise, regressed=(p - q) > z * noise)
+
+
+def verify_paired(control: Sequence[Mapping], live: Sequence[Mapping], z: float) -> Verdict:
+    """Live against the control arm, task by task over the eval seeds both have. Evals without
+    per-task results (`details["solved"]`, older stores) fall back to the unpaired test."""
+    c = {e["seed"]: e for e in control}
+    q = {e["seed"]: e for e in live}
+    seeds = sorted(set(c) & set(q))
+    if not seeds or any("solved" not in (c[s].get("details") or {}) or "solved" not in (q[s].get("details") or {})
+                        or c[s]["n"] != q[s]["n"] for s in seeds):
+        unpaired = verify(control, live, z)
+        return Verdict(unpaired.baseline, unpaired.live, unpaired.noise, unpaired.regressed, "control arm")
+    n = sum(c[s]["n"] for s in seeds)
+    base = sum(c[s]["successes"] for s in seeds) / n
+    now = sum(q[s]["successes"] for s in seeds) / n
+    gained = sum(len(set(q[s]["details"]["solved"]) - set(c[s]["details"]["solved"])) for s in seeds)
+    lost = sum(len(set(c[s]["details"]["solved"]) - set(q[s]["details"]["solved"])) for s in seeds)
+    mean = (gained - lost) / n
+    var = (gained + lost) / n - mean * mean  # of the per-task differences, each -1, 0 or 1
+    noise = math.sqrt(max(var, 1.0 / n) / n)
+    return Verdict(baseline=base, live=now, noise=noise, regressed=(base - now) > z * noise, against="control arm")

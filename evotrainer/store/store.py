@@ -261,8 +261,9 @@ class Store:
                     if task_id not in existing:
                         s.add(row)
 
-    def task_stats(self, domain: str, run_id: int | None = None) -> list[TaskStats]:
-        """Attempts and verified successes per task, for every task stored or attempted.
+    def task_stats(self, domain: str, run_id: int | None = None, before_round: int | None = None) -> list[TaskStats]:
+        """Attempts and verified successes per task, for every task stored or attempted; with
+        `before_round`, only from that run's rounds of a lower index.
 
         Known tasks that were never attempted are included with zero attempts, so a curriculum
         can see them. meta carries `level` and `split` from the task table when the task is known.
@@ -272,6 +273,11 @@ class Store:
                  .where(RolloutRow.domain == domain).group_by(RolloutRow.task_id))
         if run_id is not None:
             query = query.where(RolloutRow.run_id == run_id)
+        if before_round is not None:
+            earlier = select(Round.id).where(Round.index < before_round)
+            if run_id is not None:
+                earlier = earlier.where(Round.run_id == run_id)
+            query = query.where(RolloutRow.round_id.in_(earlier))
         with self._session() as s:
             counts = {tid: (n, int(k or 0)) for tid, n, k in s.execute(query)}
             known = {t.task_id: {"level": t.level, "split": t.split}

@@ -22,6 +22,7 @@ class EvalResult:
     n: int
     successes: int
     kinds: Counter = field(default_factory=Counter)
+    solved: list[str] = field(default_factory=list)  # task ids solved, for paired comparisons
 
     @property
     def success_rate(self) -> float:
@@ -80,4 +81,6 @@ def evaluate(model, tokenizer, domain: Domain, harness: Harness, tasks: Sequence
         outcome = domain.check(task, text, truncated)
         result.successes += int(outcome.success)
         result.kinds[outcome.kind] += 1
+        if outcome.success:
+            result.solved.append(task.task_id)
     return result

@@ -57,6 +57,8 @@ class Session:
     console: Console
     eval_backend: object = None  # built on first use; a vLLM engine or a server client lives on
     rollout_cache: object = None  # memory/cache.RolloutCache under <workdir>/cache, on first eval
+    stats_run_id: int | None = None  # whose task history the curriculum reads; None: this run's
+    stats_before: int | None = None  # with stats_run_id: only its rounds before this index
 
     @property
     def grpo(self) -> dict:
@@ -115,7 +117,7 @@ def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
                      max_new_tokens=max_new, batch_size=session.config.eval.batch_size,
                      backend=backend)
         session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n,
-                               r.successes, {"kinds": dict(r.kinds)})
+                               r.successes, {"kinds": dict(r.kinds), "solved": r.solved})
         results.append(r)
     return results
 
@@ -145,7 +147,9 @@ def sample_round_tasks(session: Session, n: int, seed: int, index: int | None = 
     if session.harness.spec.memory["enabled"]:
         task_stats = share(memory_task_stats(session, index, seed) if is_main() else None)
     else:
-        stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, session.run_id)}
+        history = session.stats_run_id or session.run_id
+        stats = {s.task_id: s for s in session.store.task_stats(session.config.domain.name, history,
+                                                               session.stats_before)}
         task_stats = [
             stats.get(t.task_id) or TaskStats(t.task_id, 0, 0, {"level": t.level})
             for t in session.train_tasks
@@ -230,8 +234,10 @@ def step_judge(session: Session):
                      max_tokens=cfg.max_tokens, max_chars=cfg.max_chars)
 
 
-def train_round(session: Session, model, tokenizer, index: int, steps: int, progress) -> tuple:
-    """One round: train `steps` GRPO steps, save the adapter, evaluate held-out."""
+def train_round(session: Session, model, tokenizer, index: int, steps: int, progress,
+                start: str | None = None) -> tuple:
+    """One round: train `steps` GRPO steps, save the adapter, evaluate held-out. `start` names
+    the adapter the model was loaded from when it is not this run's previous round."""
     from datasets import Dataset
     from transformers import PrinterCallback
 
@@ -244,7 +250,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     cfg = session.config
     seed = cfg.train.seed + index
     adapters = session.workdir / "adapters" / cfg.run_name
-    prev = adapters / f"round-{index - 1}" if index > 0 else None
+    prev = Path(start) if start else (adapters / f"round-{index - 1}" if index > 0 else None)
     model_version = adapter_version(prev if prev and prev.is_dir() else None)
     round_id = share(session.store.start_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
@@ -335,6 +341,19 @@ def add_frontier_tasks(session: Session, index: int) -> None:
     if report is not None:
         session.console.print(f"frontier: {len(report.accepted)} new task(s) from {len(report.parents)} "
                               f"in-band parent(s), {len(report.rejected)} rejected")
+
+
+def train_from(session: Session, adapter: str | None, index: int, steps: int | None = None) -> RoundSummary:
+    """Round `index` of this session's run, trained from `adapter` (another run's round, or the
+    base model when None): verification's control arm (coevolve/control.py)."""
+    from evotrainer.train.progress import make_progress
+
+    model, tokenizer = load_policy(session.config.policy.model, adapter, trainable=True)
+    model = build_peft(model, session.grpo)
+    with make_progress(session.console) as progress:
+        _, summary = train_round(session, model, tokenizer, index, steps or session.config.train.steps_per_round,
+                                 progress, start=adapter)
+    return summary
 
 
 def run_training(session: Session, rounds: int | None = None, steps: int | None = None) -> dict:

@@ -194,6 +194,8 @@ def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, s
             outcome = run_episode(domain, task, policy, limits).rollout.outcome
             result.successes += int(outcome.success)
             result.kinds[outcome.kind] += 1
+            if outcome.success:
+                result.solved.append(task.task_id)
     finally:
         model.train(was_training)
         if checkpointing:
@@ -208,7 +210,7 @@ def evaluate_heldout_agent(session, model, tokenizer, round_id: int | None, adap
     for seed, tasks in session.heldout.items():
         r = evaluate_agent(model, tokenizer, session.domain, tasks, limits, seed=seed)
         session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n, r.successes,
-                               {"kinds": dict(r.kinds), "scaffold": "agent"})
+                               {"kinds": dict(r.kinds), "scaffold": "agent", "solved": r.solved})
         results.append(r)
     return results
 

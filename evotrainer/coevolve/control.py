@@ -1,0 +1,66 @@
+"""Verification's control arm: the round after a promotion, trained a second time without it.
+
+Comparing round k+1 (under the promoted change) with round k charges the policy's own drift
+between rounds to the change: the same change was reverted in one seed and validated in another,
+each time matching what a run with no change at all did in that round. The control arm removes
+that: before round k+1 trains, a control run (`<run>~control`, in the same store) trains its
+round k+1 from the main run's round-k adapter, with the same seed, the same task history
+(the main run's rounds before k+1) and the same steps, under the harness main had before the
+promotion (the merge commit's first parent). The change is then the only difference between the
+two arms, and both answer the same held-out tasks, so stage verify compares them task by task
+(coevolve/verify.py:verify_paired). It costs one more training round per promotion verified.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from evotrainer.coevolve.state import Pending
+from evotrainer.config import Config
+from evotrainer.harness.repo import HarnessRepo
+
+SUFFIX = "~control"
+
+
+def control_run(run_name: str) -> str:
+    return f"{run_name}{SUFFIX}"
+
+
+def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pending, index: int,
+                  console: Console) -> bool:
+    """Train the control arm's round `index` unless it is already done; True if it trained."""
+    from evotrainer.train.loop import open_session, train_from
+
+    control = config.model_copy(update={"run_name": control_run(config.run_name)})
+    parent = repo.load(f"{pending.merge}^1")  # main as it was before the promotion
+    session = open_session(control, root, console, harness=parent)
+    try:
+        if any(r["index"] == index and r["finished_at"] for r in session.store.rounds(session.run_id)):
+            return False
+        main = session.store.run_id(config.run_name)
+        start = next((r["adapter_path"] for r in session.store.rounds(main)
+                      if r["index"] == pending.round and r["finished_at"]), None)
+        if start is None:
+            raise RuntimeError(f"control arm: run {config.run_name!r} has no finished round {pending.round}")
+        session.stats_run_id, session.stats_before = main, index
+        memory = root / "memory" / f"{config.run_name}.json"  # harness.yaml memory, when on
+        if memory.is_file():
+            shutil.copyfile(memory, root / "memory" / f"{control.run_name}.json")
+        console.print(f"control arm: round {index} from round {pending.round}'s adapter under "
+                      f"{parent.version[:8]} (main before {pending.branch})")
+        summary = train_from(session, start, index)
+        console.print(f"control arm: held-out success {summary.heldout_success:.3f}")
+        return True
+    finally:
+        session.store.close()
+
+
+def control_evals(store, run_name: str, index: int) -> list[dict]:
+    """The control arm's held-out evals of round `index` (empty when it has none)."""
+    run_id = store.run_id(control_run(run_name))
+    if run_id is None:
+        return []
+    return [e for e in store.evals(run_id) if e["split"] == "heldout" and e["adapter"] and e["round_index"] == index]
