@@ -232,3 +232,27 @@ def test_one_grpo_step_with_vllm_colocate(tmp_path, embedded_model_dir):
     assert len(rows) == int(session.grpo["num_generations"])  # one prompt x its group, all stored
     assert (tmp_path / "work" / "adapters" / "default" / "round-0" / "adapter_config.json").is_file()
     assert summary.step_time > 0
+
+
+def test_eval_cli_with_a_server_backend_never_loads_the_model(tmp_path, monkeypatch):
+    """`evotrainer eval` with eval.backend=openai: the server generates, so the policy weights are
+    never loaded here (for a large model that would cost minutes and memory for nothing)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import evotrainer.policy as policy
+    from evotrainer.cli.main import app
+
+    def no_load(*_a, **_k):
+        raise AssertionError("eval loaded the policy although the server generates")
+
+    monkeypatch.setattr(policy, "load_policy", no_load)
+    with ChatServer(model="base", responder=lambda body: "Answer: 1") as server:
+        result = CliRunner().invoke(app, ["eval", "--domain", "math", "--workdir", str(tmp_path), "--json",
+                                          "eval.backend=openai", f"eval.server.base_url={server.url}",
+                                          "domain.heldout_size=4", "eval.seeds=[0]"])
+        asked = len(server.completions())
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert asked == 4 and [r["n"] for r in data["results"]] == [4]

@@ -189,6 +189,7 @@ def eval_cmd(
 ):
     """Evaluate a policy on the held-out split: greedy decoding, one result per eval seed."""
     from evotrainer.policy import PolicyError, load_policy
+    from evotrainer.train.evaluate import eval_backend_name
     from evotrainer.train.loop import evaluate_heldout, open_session
 
     cfg = load_or_exit(config, overrides, domain)
@@ -196,11 +197,13 @@ def eval_cmd(
         console.print(f"[red]--adapter {adapter}: not a PEFT adapter folder (no adapter_config.json)")
         raise typer.Exit(2)
     session = open_session(cfg, resolve_workdir(workdir), console)
-    try:
-        model, tokenizer = load_policy(cfg.policy.model, adapter)
-    except PolicyError as exc:
-        console.print(f"[red]{exc}")
-        raise typer.Exit(1)
+    model = tokenizer = None  # a vLLM engine or a server generates on its own
+    if eval_backend_name(cfg) == "hf" or cfg.domain.scaffold == "agent":
+        try:
+            model, tokenizer = load_policy(cfg.policy.model, adapter)
+        except PolicyError as exc:
+            console.print(f"[red]{exc}")
+            raise typer.Exit(1)
     results = evaluate_heldout(session, model, tokenizer, None, str(adapter) if adapter else None)
     rows = [{"seed": r.seed, "n": r.n, "successes": r.successes, "success_rate": r.success_rate,
              "kinds": dict(r.kinds)} for r in results]
