@@ -53,7 +53,7 @@ from evotrainer.grade.patch import FilePatch, PatchError, UnsafePathError, apply
 from evotrainer.grade.tasks import SweTask
 from evotrainer.sandbox import SandboxError, run_sandboxed
 
-GRADER_VERSION = "1"
+GRADER_VERSION = "2"  # 2: vendored imports refused
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 INJECTION_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
@@ -65,7 +65,7 @@ _SUSPICIOUS = re.compile(
     r"\b_pytest\b|\bTestReport\b|\bpytest_(?:runtest|collect|sessionfinish|sessionstart|configure|report"
     r"|terminal|make_collect_report|pycollect)\w*|\bpluginmanager\b|\bjunit|\baddaudithook\b|\bos\._exit\b"
     r"|PYTEST_CURRENT_TEST|['\"]_?pytest['\"]\s+in\s+sys\.modules|sys\.modules\s*\[\s*['\"]_?pytest"
-    r"|\bf_back\b|\bf_locals\b|\bco_consts\b|\bgc\.get_objects\b|EVO_GUARD"
+    r"|\bf_back\b|\bf_locals\b|\bco_consts\b|\bgc\.get_objects\b|EVO_GUARD|\b_vendor\b"
     r"|['\"][^'\"\n]*(?:\btest_\w*\.py|_test\.py|conftest\.py)['\"]")
 _GUARD_SOURCE = (Path(__file__).with_name("guard_plugin.py")).read_text(encoding="utf-8")
 
@@ -372,7 +372,7 @@ def _decide(task: SweTask, sb, junit_name: str, flags: list[str], notes: list[st
             pass
     for ev in _events(sb.outputs.get("guard-events", b"")):
         log.append(f"guard: {ev.get('kind')}: {ev.get('detail')}")
-        if ev.get("kind") in ("hidden_test_read", "hidden_test_link"):
+        if ev.get("kind") in ("hidden_test_read", "hidden_test_link", "vendored_import"):
             flags += ["tampering", ev["kind"]]
         elif ev.get("kind") == "spawn_blocked":
             flags.append("spawn_blocked")

@@ -17,6 +17,14 @@ out of it). Two layers:
 What remains readable in-process are the test's own objects (its frames, constants): a solution
 determined to walk the interpreter can reach those. The grader's static scan flags the usual
 tools for that (`f_back`, `co_consts`, `_pytest`, ...).
+
+Vendored copies. pip and setuptools carry private copies of libraries (`pip._vendor.packaging`,
+`setuptools._vendor.more_itertools`, ...), some of them the very libraries a task asks to fix.
+The audit hook refuses to open a file under a `_vendor` folder (a module's source or its
+cached bytecode) when the nearest frame past the import machinery is the repository's non-test
+code, so such an import fails however its name was built (`importlib.import_module` raises no
+"import" audit event, but every load opens the file); pip's own imports of its vendored modules
+come from pip's frames and pass. A module some other code already imported is not reopened.
 """
 
 import json
@@ -43,6 +51,7 @@ for _p in _HIDDEN:
         pass
 _SPAWN = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
           "pty.spawn"}
+_VENDOR = os.sep + "_vendor" + os.sep
 _state = {"collecting": True}
 _local = threading.local()
 _records = {}  # from pytest's reports (what junit shows)
@@ -73,6 +82,17 @@ def _solution_frame():
     return None
 
 
+def _importer():
+    """The file of the frame that asked for an import, past the import machinery's own frames."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith("<frozen") or os.sep + "importlib" + os.sep in name):
+            return name
+        f = f.f_back
+    return None
+
+
 def _is_hidden(path):
     try:
         path = os.fsdecode(os.fspath(path))
@@ -95,6 +115,11 @@ def _audit(event, args):
         return
     _local.busy = True
     try:
+        if event == "open" and isinstance(args[0], str) and _VENDOR in args[0]:
+            who = _importer()
+            if who and who.startswith(_PREFIX) and os.path.normpath(who) not in _TRUSTED:
+                _log("vendored_import", f"{who} -> {args[0]}")
+                raise PermissionError("evotrainer grader: the code under test may not load vendored copies")
         if event in _SPAWN:
             if _state["collecting"] and _solution_frame():
                 _log("spawn_blocked", event)
