@@ -248,7 +248,8 @@ def test_metrics_match_hand_computation(tmp_path: Path):
     b, c = out.metrics["base"], out.metrics["candidate"]
     assert b == {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "ordering_violations": 0.0,
                  "proxy_auc": 1.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
-                 "mean_tokens": 10.0, "n_rollouts": 8, "n_groups": 2, "errors": 0}
+                 "mean_tokens": 10.0, "n_rollouts": 8, "n_groups": 2, "errors": 0,
+                 "sampled_dead_group_ratio": None}  # no run and round: no task history to weigh by
     assert c["dead_group_ratio"] == 0.5  # group b: every reward 0.5
     assert c["effective_data_ratio"] == 2 / 8  # only a1 and a2 are kept and carry an advantage
     assert c["ordering_violations"] == 1 / 4  # a1 (wrong, 2.0) above a0 (ok, 1.0)
@@ -331,3 +332,33 @@ def test_gate_config_loads_with_overrides():
     cfg = load_config(CONFIGS_DIR / "math.yaml", ["gate.margin=0.05", "gate.call_timeout_s=2"])
     assert cfg.gate.margin == 0.05 and cfg.gate.call_timeout_s == 2 and cfg.gate.tolerance == 0.005
     assert math.isclose(GateConfig().margin, 0.02)
+
+
+def test_a_curriculum_change_is_judged_on_the_groups_it_would_have_drawn(ws):
+    """The shipped pass-rate-curriculum skill over round 1, whose tasks' history is round 0:
+    mixed tasks (3/8 solved) keep weight 1, the other 10 tasks (0/8 or 8/8) drop to 0.2. Against
+    the uniform base, a mixed task's group weighs (1/8)/(1/16) = 2 and any other (0.2/8)/(1/16) =
+    0.4, so the dead share goes from 10/16 to 10 * 0.4 / (6 * 2 + 10 * 0.4) = 0.25. Rewards are
+    unchanged, so every unweighted metric is too."""
+    from evotrainer.skills import SkillLibrary
+
+    repo = HarnessRepo(ws.harnesses)
+    skill = SkillLibrary.load(ws.root).get("pass-rate-curriculum")
+    assert skill.validation["targets"] == "sampled_dead_group_ratio"
+    edits = skill.render(repo.sources("main"), {"band": [0.2, 0.8], "floor": 0.2})
+    branch = repo.propose(1, "prc", edits, diagnosis="dead groups", targets="sampled_dead_group_ratio",
+                          expected="fewer dead groups drawn").branch
+    with Store.open(ws.root) as store:
+        report = backtest(ws.root, branch, store=store, selector=Selector(run="default", round=1))
+        early = backtest(ws.root, branch, store=store, selector=Selector(run="default", round=0), record=False)
+    base, cand = report["metrics"]["base"], report["metrics"]["candidate"]
+    assert base["sampled_dead_group_ratio"] == pytest.approx(10 / 16)
+    assert cand["sampled_dead_group_ratio"] == pytest.approx(0.25)
+    assert {k: v for k, v in base.items() if k != "sampled_dead_group_ratio"} == \
+        {k: v for k, v in cand.items() if k != "sampled_dead_group_ratio"}
+    assert report["decision"] == "promote" and report["target"] == "sampled_dead_group_ratio"
+    # Round 0 was drawn with no history: nothing to weigh by, and the gate cannot promote on it.
+    assert early["metrics"]["candidate"]["sampled_dead_group_ratio"] is None
+    assert early["decision"] == "reject"
+    with Store.open(ws.root) as store:
+        assert replay(ws.root, report["id"], store=store)["reproduced"]

@@ -32,7 +32,7 @@ from sqlalchemy import Text, cast, create_engine, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.api import Outcome, Rollout, TaskStats, Turn
 from evotrainer.backtest.metrics import Tally, group_advantages, is_flagged, reward_histogram
 from evotrainer.config import GateConfig
 from evotrainer.harness.loader import HARNESS_FILES
@@ -344,6 +344,9 @@ class ChunkJob:
     url: str
     scope: _Scope | None
     determinism_sample: float = 0.02
+    # The task history the selected round was drawn from (TaskStats of the run's earlier rounds):
+    # with it, each group also gets its curriculum weight (metrics.py: sampled_dead_group_ratio).
+    history: tuple | None = None
 
     def open(self, trusted_io: Callable[[], Any]) -> _Reader:
         return _Reader(self.url, self.scope, trusted_io)
@@ -356,17 +359,32 @@ class ChunkJob:
         checked = {g for g in groups if zlib.crc32(g.encode()) < threshold}
         checked.add(next(iter(groups), None))  # and always the first group of every chunk
         out = {}
+        share = {label: _task_shares(h, self.history) for label, h in harnesses.items()} if self.history else None
         for label, harness in harnesses.items():
             start = time.perf_counter()
             tally = Tally()
             for group_id, members in groups.items():
-                _score_group(harness, members, tally, group_id in checked)
+                weight = None
+                if share is not None:  # p(task) under this harness over p(task) under the base
+                    task = members[0].fields["task_id"]
+                    drawn = share["base"].get(task, 0.0)
+                    weight = share[label].get(task, 0.0) / drawn if drawn > 0 else None
+                _score_group(harness, members, tally, group_id in checked, weight)
             tally.seconds = time.perf_counter() - start
             out[label] = tally.to_json()
         return out
 
 
-def _score_group(h: SandboxedHarness, members: list[_Fact], tally: Tally, check: bool) -> None:
+def _task_shares(h: SandboxedHarness, history: tuple) -> dict[str, float]:
+    """Each task's probability under the harness's curriculum, given the history
+    ((task_id, attempts, successes, meta) rows)."""
+    weights = h.weights(tuple(TaskStats(*row) for row in history))
+    total = sum(weights.values())
+    return {t: w / total for t, w in weights.items()} if total > 0 else {}
+
+
+def _score_group(h: SandboxedHarness, members: list[_Fact], tally: Tally, check: bool,
+                 weight: float | None = None) -> None:
     flat: dict[str, dict] = {}  # flat meta holds only immutable values: one parsed copy will do
     for f in members:
         if not f.nested_meta and f.meta_text not in flat:
@@ -406,7 +424,7 @@ def _score_group(h: SandboxedHarness, members: list[_Fact], tally: Tally, check:
     advantages = group_advantages(rewards, h.spec.grpo.get("scale_rewards", "group"))
     kept = [keep_group and k and not cut for k, cut in zip(keeps, cuts)]
     tally.add_group(rewards, advantages, [f.success for f in members], [f.flagged for f in members],
-                    [f.tokens for f in members], kept)
+                    [f.tokens for f in members], kept, weight)
 
 
 def _cut(h: SandboxedHarness, trajectory: tuple[Turn, ...]) -> bool:
@@ -495,6 +513,20 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def history(store: Store, selector: Selector) -> tuple | None:
+    """The task history a selection of one round of one run was drawn from: its run's TaskStats
+    over the rounds before it (known tasks with no attempts included). None for other selections."""
+    if selector.run is None or selector.round is None or selector.ids is not None:
+        return None
+    run_id = store.run_id(selector.run)
+    domain = selector.domain or (store.run_domain(run_id) if run_id is not None else None)
+    if run_id is None or domain is None:
+        return None
+    # plain tuples: TaskStats.meta is read-only (a mappingproxy), which cannot be pickled to workers
+    return tuple((s.task_id, s.attempts, s.successes, dict(s.meta))
+                 for s in store.task_stats(domain, run_id, before_round=selector.round))
+
+
 def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
                  gate: GateConfig | None = None, *, workers: int | None = None,
                  chunk_size: int = DEFAULT_CHUNK,
@@ -522,7 +554,7 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
             missing = [f for f in HARNESS_FILES if f not in version.sources]
             if missing:
                 raise CandidateFailure(f"{', '.join(missing)}: not found at {version.sha[:12]}", label)
-        job = ChunkJob(worker_url(store), selection.scope, gate.determinism_sample)
+        job = ChunkJob(worker_url(store), selection.scope, gate.determinism_sample, history(store, selector))
         limits = SandboxLimits(call_timeout_s=gate.call_timeout_s, load_timeout_s=gate.load_timeout_s,
                                message_timeout_s=gate.time_budget_s)
         sides = [(label, dict(v.sources)) for label, v in zip(LABELS, (base, candidate))]

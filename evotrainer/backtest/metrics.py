@@ -10,6 +10,11 @@ Definitions (see DESIGN.md, "Backtest metrics"); "kept" means kept by both filte
 by the harness's `stop`:
 
 - dead_group_ratio: groups whose training rewards span <= EPS (GRPO gets no signal from them)
+- sampled_dead_group_ratio: the same, had each harness's curriculum drawn the tasks: each group
+  weighs p(task) under that harness's curriculum.py over p(task) under the base's, both from the
+  task history the round was drawn from (self-normalised importance weights over the groups the
+  base drew; tasks the base never drew cannot count). None without such a history (a selection
+  that is not one round of one run)
 - effective_data_ratio: kept rollouts of live groups whose GRPO advantage is non-zero (> EPS),
   over all rollouts
 - ordering_violations: within-group (verified success, verified failure) pairs where the failure
@@ -33,6 +38,7 @@ EPS = 1e-9
 # name -> True when lower is better
 LOWER_IS_BETTER = {
     "dead_group_ratio": True,
+    "sampled_dead_group_ratio": True,
     "effective_data_ratio": False,
     "ordering_violations": True,
     "proxy_auc": False,
@@ -114,17 +120,24 @@ class Tally:
     positive_reward: ExactSum = field(default_factory=ExactSum)
     flagged_reward: ExactSum = field(default_factory=ExactSum)
     auc: dict[float, list[int]] = field(default_factory=dict)  # reward -> [successes, failures]
+    sampled: ExactSum = field(default_factory=ExactSum)  # sum of the groups' curriculum weights
+    sampled_dead: ExactSum = field(default_factory=ExactSum)  # the same over dead groups
     seconds: float = 0.0  # time spent in this harness's code and its bookkeeping
 
     def add_group(self, rewards: Sequence[float], advantages: Sequence[float],
                   success: Sequence[bool], flagged: Sequence[bool], tokens: Sequence[int],
-                  kept: Sequence[bool]) -> None:
-        """One group: training rewards and advantages, verified outcome facts, and the harness's
-        keep decisions (filters and stop already combined)."""
+                  kept: Sequence[bool], weight: float | None = None) -> None:
+        """One group: training rewards and advantages, verified outcome facts, the harness's
+        keep decisions (filters and stop already combined), and its curriculum weight (the
+        importance ratio of its task, when the backtest knows the history it was drawn from)."""
         self.rollouts += len(rewards)
         self.groups += 1
         dead = max(rewards) - min(rewards) <= EPS
         self.dead_groups += dead
+        if weight is not None:
+            self.sampled.add(weight)
+            if dead:
+                self.sampled_dead.add(weight)
         wins, losses = [], []
         auc = self.auc
         for r, adv, ok, hack, toks, keep in zip(rewards, advantages, success, flagged, tokens, kept):
@@ -158,6 +171,8 @@ class Tally:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.positive_reward.merge(other.positive_reward)
         self.flagged_reward.merge(other.flagged_reward)
+        self.sampled.merge(other.sampled)
+        self.sampled_dead.merge(other.sampled_dead)
         for value, (wins, losses) in other.auc.items():
             counts = self.auc.setdefault(value, [0, 0])
             counts[0] += wins
@@ -170,6 +185,7 @@ class Tally:
         """Plain JSON (floats round-trip exactly): what a sandbox worker sends back."""
         return {"counts": [getattr(self, n) for n in self._COUNTERS], "seconds": self.seconds,
                 "positive": self.positive_reward.partials, "flagged": self.flagged_reward.partials,
+                "sampled": self.sampled.partials, "sampled_dead": self.sampled_dead.partials,
                 "auc": [[value, wins, losses] for value, (wins, losses) in self.auc.items()]}
 
     @classmethod
@@ -190,6 +206,8 @@ class Tally:
                         seconds=real(float(data["seconds"])))
             tally.positive_reward.partials = [real(x) for x in data["positive"]]
             tally.flagged_reward.partials = [real(x) for x in data["flagged"]]
+            tally.sampled.partials = [real(x) for x in data["sampled"]]
+            tally.sampled_dead.partials = [real(x) for x in data["sampled_dead"]]
             for value, wins, losses in data["auc"]:
                 tally.auc[real(float(value))] = [count(wins), count(losses)]
         except (KeyError, TypeError) as exc:
@@ -201,8 +219,10 @@ class Tally:
             return num / den if den else 0.0
 
         positive = self.positive_reward.value
+        sampled = self.sampled.value
         return {
             "dead_group_ratio": ratio(self.dead_groups, self.groups),
+            "sampled_dead_group_ratio": self.sampled_dead.value / sampled if sampled > 0 else None,
             "effective_data_ratio": ratio(self.effective, self.rollouts),
             "ordering_violations": ratio(self.violations, self.pairs),
             "proxy_auc": _auc(self.auc),

@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from evotrainer.api import Rollout, Turn
+from evotrainer.api import Rollout, TaskStats, Turn
 from evotrainer.harness.loader import Harness, HarnessError
 from evotrainer.harness.sandbox_failures import CandidateFailure
 
@@ -31,10 +31,10 @@ HARNESS_MODULE_PREFIX = "_evoharness_"  # loader._exec_module names every harnes
 
 # Shared with the parent: marks[0] = slot * 16 + code of the last harness call, marks[1] = its
 # monotonic start (0 = none running), marks[2] = 1 while the worker handles a message.
-_LOAD, _REWARD, _KEEP_ROLLOUT, _KEEP_GROUP, _STOP = 1, 2, 3, 4, 5
+_LOAD, _REWARD, _KEEP_ROLLOUT, _KEEP_GROUP, _STOP, _WEIGHTS = 1, 2, 3, 4, 5, 6
 _CALLS = {_LOAD: "loading the harness files", _REWARD: "reward.py: reward()",
           _KEEP_ROLLOUT: "filters.py: keep_rollout()", _KEEP_GROUP: "filters.py: keep_group()",
-          _STOP: "rollout.py: stop()"}
+          _STOP: "rollout.py: stop()", _WEIGHTS: "curriculum.py: weights()"}
 
 
 # ---------------------------------------------------------------- inside the worker
@@ -212,6 +212,9 @@ class SandboxedHarness:
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
         return self._run(_STOP, self.harness.stop, turns)
+
+    def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
+        return self._run(_WEIGHTS, self.harness.weights, task_stats)
 
 
 @dataclass(frozen=True)

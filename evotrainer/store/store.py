@@ -203,6 +203,10 @@ class Store:
         with self._session() as s:
             return s.scalar(select(Run.id).where(Run.name == name))
 
+    def run_domain(self, run_id: int) -> str | None:
+        with self._session() as s:
+            return s.scalar(select(Run.domain).where(Run.id == run_id))
+
     def set_run_status(self, run_id: int, status: str) -> None:
         with self._session.begin() as s:
             self._get(s, Run, run_id).status = status
