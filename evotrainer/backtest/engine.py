@@ -523,8 +523,10 @@ def history(store: Store, selector: Selector) -> tuple | None:
     if run_id is None or domain is None:
         return None
     # plain tuples: TaskStats.meta is read-only (a mappingproxy), which cannot be pickled to workers
+    # Held-out tasks are known to the store but never offered to a curriculum.
     return tuple((s.task_id, s.attempts, s.successes, dict(s.meta))
-                 for s in store.task_stats(domain, run_id, before_round=selector.round))
+                 for s in store.task_stats(domain, run_id, before_round=selector.round)
+                 if s.meta.get("split") != "heldout")
 
 
 def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
