@@ -29,6 +29,15 @@ def memory_harness(tmp_path: Path, block: str = MEMORY):
     return load_harness(harness_dir)
 
 
+def typer_app(command):
+    import typer
+
+    app = typer.Typer()
+    app.command("status")(command)
+    app.command("noop")(lambda: None)  # two commands, so the command name is an argument
+    return app
+
+
 def finish_round(session, index: int, solved: dict[str, int]) -> None:
     """A finished round whose rollouts solve `solved[task]` of 8 attempts per task."""
     store = session.store
@@ -72,6 +81,13 @@ def test_the_curriculum_draws_only_from_the_runs_memory_which_resumes_from_disk(
     stats = {s.task_id: s for s in memory.task_stats(session.train_tasks)}
     assert all("logit" in stats[t].meta for t in ids) and stats[ids[0]].attempts == 8
 
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.status import status_cmd
+
+    shown = CliRunner().invoke(typer_app(status_cmd), ["status", "--workdir", str(tmp_path / "work")], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert f"memory {cfg.run_name}" in shown.stdout and "9 of 10 tasks (new 3, mid 3, easy 3); observed rounds [0]" in shown.stdout, shown.stdout
     # A restart (a new session) finds the memory on disk and does not observe round 0 again.
     session.store.close()
     again = open_session(cfg, tmp_path / "work", harness=memory_harness(tmp_path / "again"))

@@ -21,6 +21,22 @@ def _fmt(value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def _memory_line(path: Path) -> str:
+    """What a run's replay memory holds: its size, its strata, its drift estimate."""
+    import json
+
+    from evotrainer.memory import ReplayMemory
+
+    try:
+        data = json.loads(path.read_text())
+        memory = ReplayMemory.from_json(data["memory"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable ({exc})"
+    strata = ", ".join(f"{k} {v}" for k, v in memory.strata_counts().items() if v)
+    return (f"{len(memory)} of {memory.policy.capacity} tasks ({strata or 'empty'}); observed rounds "
+            f"{data.get('observed', [])}; drift {memory.drift:+.2f} logit per round")
+
+
 def status_cmd(workdir: Optional[Path] = WorkdirOpt):
     """Show where the workspace's run stands: the co-evolution round and stage, the last
     finished round's metrics, a promotion waiting for verification, and this round's candidates."""
@@ -65,6 +81,8 @@ def status_cmd(workdir: Optional[Path] = WorkdirOpt):
                     last = (name, finished[-1])
             total = store.count_rollouts()
         head.add_row("rollouts stored", str(total))
+    for path in sorted((ws.root / "memory").glob("*.json")):  # harness.yaml memory (memory/run.py)
+        head.add_row(f"memory {path.stem}", _memory_line(path))
     out.print(head)
     if last is not None:
         name, rnd = last
