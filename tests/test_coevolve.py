@@ -111,14 +111,21 @@ def test_approve_no_keeps_main_unchanged(tmp_path):
     assert any("rejected by the reviewer" in " ".join(c.reasons) for c in state.candidates)
 
 
-def test_regression_in_verification_round_reverts_and_fails_the_skill(loop):
+def promoted_after_round0(loop: Coevolution, weight: float = 0.1):
+    """Round 0 stored (seed_round), partial-credit-format promoted after it, round 1 started:
+    (store, run id, round 0 id, round 1 id, the candidate, the merge commit)."""
     store, run_id, round0 = seed_round(loop.ws.root)
-    skill = "partial-credit-format"
-    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    skill = SkillLibrary.load(loop.ws.root).get("partial-credit-format")
+    rendered = skill.render(loop.repo.sources("main"), {"weight": weight})
     cand = loop.repo.propose(0, "pcf", rendered, diagnosis="dead groups", targets="dead_group_ratio",
                              expected="fewer dead groups")
     merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
-    round1 = store.start_round(run_id, 1, merge, "lora-x")
+    return store, run_id, round0, store.start_round(run_id, 1, merge, "lora-x"), cand, merge
+
+
+def test_regression_in_verification_round_reverts_and_fails_the_skill(loop):
+    store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
+    skill = "partial-credit-format"
     store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {})
     store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {})  # 0.60 -> 0.30: far beyond noise
     state = _state(loop, round=1, stage="verify",
@@ -209,13 +216,8 @@ def test_verification_against_the_control_arm_does_not_charge_drift_to_the_chang
     change) fell just as far on the same tasks: drift, not the change, so the skill is kept."""
     from evotrainer.coevolve.control import control_run
 
-    store, run_id, round0 = seed_round(loop.ws.root)
+    store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
     skill = "partial-credit-format"
-    rendered = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
-    cand = loop.repo.propose(0, "pcf", rendered, diagnosis="dead groups", targets="dead_group_ratio",
-                             expected="fewer dead groups")
-    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
-    round1 = store.start_round(run_id, 1, merge, "lora-x")
     tasks = [f"h{i}" for i in range(200)]
     store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {"solved": tasks[:120]})
     store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {"solved": tasks[:60]})  # 0.60 -> 0.30
