@@ -174,3 +174,14 @@ def test_training_adds_frontier_tasks_before_each_round_and_keeps_them_on_resume
     again.store.close()
     with pytest.raises(Exception, match="frontier.per_round is for math and code"):
         load_config(CONFIGS_DIR / "swe.yaml", ["domain.frontier.per_round=2"])
+
+
+def test_parents_are_picked_by_the_memorys_current_belief_when_there_is_one():
+    """A task solved 0 of 8 then 8 of 8 has an all-time rate of 0.5, but the replay memory's
+    belief (meta logit) says it is mastered now: it is not a frontier parent."""
+    import math
+
+    stale = TaskStats("t-stale", 16, 8, {"split": "train", "logit": 3.0})
+    live = TaskStats("t-live", 16, 3, {"split": "train", "logit": math.log(0.45 / 0.55)})
+    counts_only = TaskStats("t-counts", 8, 4, {"split": "train"})
+    assert [s.task_id for s in in_band([stale, live, counts_only], (0.2, 0.8))] == ["t-counts", "t-live"]

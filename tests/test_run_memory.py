@@ -142,3 +142,22 @@ def test_training_with_memory_draws_from_it_and_observes_each_round(tmp_path, em
     stored = session.store.count_rollouts(run_id=session.run_id)
     assert observed == stored if not forgotten else 0 < observed < stored
     session.store.close()
+
+
+def test_frontier_parents_come_from_the_memorys_mid_tasks(tmp_path):
+    """domain.frontier with the memory on: variants are made from tasks the memory places in the
+    band now, and enter the memory before other unseen tasks, starting from their parent's belief."""
+    from evotrainer.train.loop import add_frontier_tasks
+
+    cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.train_size=30", "domain.frontier.per_round=2"])
+    session = open_session(cfg, tmp_path / "work", harness=memory_harness(tmp_path))
+    sample_round_tasks(session, 20, seed=0, index=0)
+    held = list(RunMemory.open(tmp_path / "work", cfg.run_name, session.harness.spec.memory).memory.entries)
+    finish_round(session, 0, {tid: (4 if i == 0 else 8) for i, tid in enumerate(held)})  # one mid task
+    add_frontier_tasks(session, 1)
+    made = [t for t in session.train_tasks if t.meta.get("origin") == "frontier"]
+    assert made and {t.meta["parent"] for t in made} == {held[0]}
+    sample_round_tasks(session, 20, seed=1, index=1)
+    memory = RunMemory.open(tmp_path / "work", cfg.run_name, session.harness.spec.memory).memory
+    assert all(memory.entries[t.task_id].prior for t in made)
+    session.store.close()

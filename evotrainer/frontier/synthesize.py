@@ -12,6 +12,7 @@ variant whose key hashes to the held-out split is rejected like any invalid task
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from evotrainer.api import TaskStats
 from evotrainer.domains.base import Task
 from evotrainer.frontier.validate import Deduper, check_task
 from evotrainer.frontier.variants import NoVariant, variant
+from evotrainer.memory.strata import sigmoid
 from evotrainer.store import Store
 from evotrainer.store.models import Task as TaskRow
 
@@ -52,12 +54,22 @@ class FrontierReport:
 
 
 def in_band(stats: Sequence[TaskStats], band: tuple[float, float], min_attempts: int = 4) -> list[TaskStats]:
-    """Train tasks with enough attempts whose pass rate lies in [lo, hi], closest to the middle first."""
+    """Train tasks with enough attempts whose pass rate lies in [lo, hi], closest to the middle
+    first. The pass rate is the replay memory's current belief where the stats carry one (meta
+    `logit`, memory/run.py), else successes over attempts."""
     lo, hi = band
+    rate = {s.task_id: _current_rate(s) for s in stats}
     picked = [s for s in stats if s.meta.get("split") == "train" and s.attempts >= min_attempts
-              and lo <= s.pass_rate <= hi]
+              and lo <= rate[s.task_id] <= hi]
     mid = (lo + hi) / 2
-    return sorted(picked, key=lambda s: (abs(s.pass_rate - mid), s.task_id))
+    return sorted(picked, key=lambda s: (abs(rate[s.task_id] - mid), s.task_id))
+
+
+def _current_rate(s: TaskStats) -> float:
+    logit = s.meta.get("logit")
+    if isinstance(logit, (int, float)) and not isinstance(logit, bool) and math.isfinite(logit):
+        return sigmoid(logit)
+    return s.pass_rate
 
 
 def stored_tasks(store: Store, domain: str) -> list[Task]:
@@ -70,15 +82,16 @@ def stored_tasks(store: Store, domain: str) -> list[Task]:
 def synthesize_frontier(store: Store, domain: str, *, band: tuple[float, float] = (0.2, 0.8), n: int = 20,
                         seed: int = 0, run_id: int | None = None, min_attempts: int = 4,
                         heldout_fraction: float = 0.2, tries_per_task: int = 8,
-                        known: Sequence[Task] = ()) -> FrontierReport:
+                        known: Sequence[Task] = (), stats: Sequence[TaskStats] | None = None) -> FrontierReport:
     """Up to n validated variants of the band's tasks, stored as train tasks; see module doc.
-    `known`: tasks to deduplicate against besides the store's (e.g. the whole held-out split)."""
+    `known`: tasks to deduplicate against besides the store's (e.g. the whole held-out split).
+    `stats`: the per-task evidence to pick parents by (default: the run's counts in the store)."""
     if not 0.0 <= band[0] <= band[1] <= 1.0:
         raise ValueError(f"band must satisfy 0 <= lo <= hi <= 1, got {band}")
     report = FrontierReport(domain, band)
     by_id = {t.task_id: t for t in stored_tasks(store, domain)}
-    parents = [by_id[s.task_id] for s in in_band(store.task_stats(domain, run_id), band, min_attempts)
-               if s.task_id in by_id]
+    stats = store.task_stats(domain, run_id) if stats is None else stats
+    parents = [by_id[s.task_id] for s in in_band(stats, band, min_attempts) if s.task_id in by_id]
     report.parents = [p.task_id for p in parents]
     dedupe = Deduper([*by_id.values(), *known])
     rng = random.Random(f"frontier:{domain}:{seed}")

@@ -70,7 +70,8 @@ class RunMemory:
     def task_stats(self, tasks: Sequence) -> list[TaskStats]:
         """The memory's tasks as the curriculum sees them, with each task's level in meta."""
         level = {t.task_id: t.level for t in tasks}
-        return [TaskStats(s.task_id, s.attempts, s.successes, {**s.meta, "level": level.get(s.task_id, 0)})
+        return [TaskStats(s.task_id, s.attempts, s.successes,
+                          {**s.meta, "level": level.get(s.task_id, 0), "split": "train"})
                 for s in self.memory.stats()]
 
     def save(self) -> None:

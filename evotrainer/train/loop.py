@@ -161,16 +161,26 @@ def sample_round_tasks(session: Session, n: int, seed: int, index: int | None = 
     return random.Random(seed).choices(session.train_tasks, weights=w, k=n)
 
 
-def memory_task_stats(session: Session, index: int | None, seed: int) -> list[TaskStats]:
-    """The replay memory's tasks for round `index` (evotrainer/memory/run.py): observe the
-    finished rounds it has not seen, forget, admit, and report what it holds."""
+def run_memory(session: Session, before: int | None = None):
+    """The run's replay memory (harness.yaml memory; evotrainer/memory/run.py), having observed
+    every finished round (below `before`, when given) it had not seen yet."""
     from evotrainer.memory.run import RunMemory
 
-    spec, cfg = session.harness.spec.memory, session.config
+    memory = RunMemory.open(session.workdir, session.config.run_name, session.harness.spec.memory)
     finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
-    index = (max(finished) + 1 if finished else 0) if index is None else index
-    memory = RunMemory.open(session.workdir, cfg.run_name, spec)
-    memory.catch_up(session.store, session.run_id, cfg.domain.name, [i for i in finished if i < index])
+    memory.catch_up(session.store, session.run_id, session.config.domain.name,
+                    [i for i in finished if before is None or i < before])
+    return memory
+
+
+def memory_task_stats(session: Session, index: int | None, seed: int) -> list[TaskStats]:
+    """The replay memory's tasks for round `index`: observe the finished rounds it has not seen,
+    forget, admit, and report what it holds."""
+    spec = session.harness.spec.memory
+    if index is None:
+        finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
+        index = max(finished) + 1 if finished else 0
+    memory = run_memory(session, before=index)
     admitted = memory.refill(session.train_tasks, index, spec["admit"], seed)
     counts = memory.memory.strata_counts()
     session.console.print(f"memory: {len(memory.memory)} task(s) held, {len(admitted)} admitted; "
@@ -311,12 +321,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
                        "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
     if is_main():
         session.store.finish_round(round_id, summary.metrics, str(out))
-        if session.harness.spec.memory["enabled"]:  # the memory on disk holds this round's results
-            from evotrainer.memory.run import RunMemory
-
-            finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
-            RunMemory.open(session.workdir, cfg.run_name, session.harness.spec.memory).catch_up(
-                session.store, session.run_id, cfg.domain.name, finished)
+        if session.harness.spec.memory["enabled"]:
+            run_memory(session)  # the memory on disk holds this round's results
     barrier()  # the next round reads this one's rollouts and status on every rank
     return model, summary
 
@@ -331,10 +337,13 @@ def add_frontier_tasks(session: Session, index: int) -> None:
 
     report = None
     if is_main():
+        stats = None  # with harness.yaml memory on, parents are picked by its drift-aware beliefs
+        if session.harness.spec.memory["enabled"]:
+            stats = run_memory(session).task_stats(session.train_tasks)
         report = synthesize_frontier(session.store, session.config.domain.name, band=tuple(fc.band),
                                      n=fc.per_round, seed=session.config.train.seed + index,
                                      run_id=session.run_id, min_attempts=fc.min_attempts,
-                                     known=[t for ts in session.heldout.values() for t in ts])
+                                     known=[t for ts in session.heldout.values() for t in ts], stats=stats)
     accepted = share(report.accepted if report is not None else None)
     known = {t.task_id for t in session.train_tasks}
     session.train_tasks += [t for t in accepted if t.task_id not in known]
