@@ -303,6 +303,40 @@ def test_critical_reward_hacking_reverts_the_last_promotion_and_holds_back_other
     assert "held-out guard" in state.candidates[0].reasons[-1]
 
 
+@pytest.mark.parametrize("control_successes, kept", [(14, True), (30, False)])
+def test_with_a_control_arm_the_guard_reverts_a_change_only_if_the_change_cost_heldout_success(
+        tmp_path, control_successes, kept):
+    """The same critical alert, now with round 2 also trained without the change: when that arm
+    did no better on held-out (14 of 50, like the live round), the drop is not the change's and it
+    stays; when it did much better (30 of 50), the change goes, with both reasons."""
+    from evotrainer.coevolve import Coevolution, RunState
+    from evotrainer.coevolve.control import control_run
+    from evotrainer.coevolve.state import Pending
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR
+    from evotrainer.skills import SkillLibrary
+
+    loop = Coevolution(load_config(CONFIGS_DIR / "math-tiny.yaml", ["run_name=r"]), tmp_path / "work")
+    store, _ = _history_store(loop.ws.root, [0.2, 0.5, 0.8], [15, 15, 14])
+    control = store.get_or_create_run(control_run("r"), "math", {})
+    store.add_eval(control, store.start_round(control, 2, "parent", "v1"), "heldout", "c2", 0, 50,
+                   control_successes, {})
+    skill = "partial-credit-format"
+    edits = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
+    cand = loop.repo.propose(1, "pcf", edits, diagnosis="dead groups", targets="dead_group_ratio", expected="x")
+    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
+    state = RunState(run="r", domain="math", round=2, stage="verify",
+                     pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 1))
+    loop.stage_verify(state)
+    assert state.guard["level"] == "critical" and state.pending is None  # the alert stands either way
+    reverts = [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]
+    assert bool(reverts) is not kept
+    assert SkillLibrary.load(loop.ws.root).get(skill).status == ("validated" if kept else "failed")
+    if not kept:
+        why = reverts[0].trailers["Reverted-Because"]
+        assert "reward_hacking" in why and "control arm" in why
+
+
 def test_a_variant_starts_from_its_parents_belief_and_its_first_result_is_not_drift():
     mem = ReplayMemory(StrataPolicy(capacity=16, anchor_share=0.0, min_attempts=4), variant_var=1.0)
     mem.admit(["parent", "other"], 0)

@@ -108,12 +108,6 @@ class Coevolution:
     def stage_verify(self, state: RunState) -> None:
         self._guard(state)
         pending = state.pending
-        if pending is not None and state.guard["level"] == "critical":
-            # Reward hacking is critical: the last promotion is the first suspect, so it goes.
-            verdict = Verdict(baseline=0.0, live=0.0, noise=0.0, regressed=True)
-            self._revert(state, pending, verdict, why=state.guard["describe"])
-            state.pending = None
-            return
         if pending is None:
             self.console.print("nothing promoted last round: nothing to verify")
             return
@@ -124,7 +118,17 @@ class Coevolution:
                        if self.config.coevolve.verify_against == "control" else [])
         by_round = lambda i: [e for e in evals if e["round_index"] == i]  # noqa: E731
         z = self.config.coevolve.verify_z
+        critical = state.guard["level"] == "critical"
+        if critical and not control:
+            # Reward hacking is critical: the last promotion is the first suspect, so it goes.
+            verdict = Verdict(baseline=0.0, live=0.0, noise=0.0, regressed=True)
+            self._revert(state, pending, verdict, why=state.guard["describe"])
+            state.pending = None
+            return
         if control:
+            # With a control arm the suspect can be tested: did the change itself cost held-out
+            # success? If the arm without it fell as far, the alert (which still holds back every
+            # other promotion this round) is not the change's doing.
             verdict = verify_paired(control, by_round(state.round), z)
         else:
             if self.config.coevolve.verify_against == "control":
@@ -133,8 +137,12 @@ class Coevolution:
             verdict = verify(by_round(pending.round), by_round(state.round), z)
         self.console.print(f"{pending.branch}: {verdict.describe()}")
         if verdict.regressed:
-            self._revert(state, pending, verdict)
+            self._revert(state, pending, verdict,
+                         why=f"{state.guard['describe']}; {verdict.describe()}" if critical else None)
         else:
+            if critical:
+                self.console.print(f"{pending.branch}: kept despite the critical held-out guard: the control arm "
+                                   "without it shows the same held-out success")
             self._save_skill(pending, "validated", verdict, state)
         state.pending = None
 
