@@ -20,7 +20,6 @@ from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.coevolve.loop import FAILURE_PROBE
 from evotrainer.coevolve.state import Pending
 from evotrainer.config import load_config
-from evotrainer.harness.repo import HarnessRepo
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.skills import SkillLibrary
 from evotrainer.store import Store, StoredRollout

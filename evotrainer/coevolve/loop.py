@@ -24,7 +24,7 @@ from evotrainer.config import Config
 from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.store import Store
-from evotrainer.workspace import Workspace, ensure_workspace
+from evotrainer.workspace import ensure_workspace
 
 # approve(candidate, backtest report, diff text) -> promote?
 Approver = Callable[[Candidate, dict, str], bool]
@@ -161,7 +161,7 @@ class Coevolution:
                                f"{p.dimension}/{p.name} = {p.value:.3f}")
 
     def stage_propose(self, state: RunState) -> None:
-        from evotrainer.propose import Evidence, get_agent
+        from evotrainer.propose import Evidence
         from evotrainer.skills import SkillLibrary
 
         report = self.report or self._reload_report(state)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from evotrainer.grade import Grader, SweTask, is_test_path, make_patch, task_from_dict
+from evotrainer.grade import Grader, is_test_path, make_patch, task_from_dict
 from evotrainer.grade.grader import junit_key, parse_junit
 from evotrainer.sandbox import run_sandboxed
 from evotrainer.tasks import mutate, repos
