@@ -142,7 +142,7 @@ class Coevolution:
         else:
             if critical:
                 self.console.print(f"{pending.branch}: kept despite the critical held-out guard: the control arm "
-                                   "without it shows the same held-out success")
+                                   "without it did no better on held-out, beyond noise")
             self._save_skill(pending, "validated", verdict, state)
         state.pending = None
 
