@@ -276,3 +276,37 @@ def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path
     assert state.pending is None
     status = SkillLibrary.load(loop.ws.root).get(skill).status
     assert status in ("validated", "failed")
+
+
+def test_a_change_reverted_against_its_control_arm_hands_the_next_round_the_arms_adapter(loop, monkeypatch):
+    """Reverting a change undoes its training too: the next round starts from the control arm's
+    adapter (trained without the change), not from the round trained with it."""
+    from evotrainer.coevolve.control import control_run
+    from evotrainer.train import loop as train_loop
+
+    store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
+    tasks = [f"h{i}" for i in range(200)]
+    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {"solved": tasks[:120]})
+    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {"solved": tasks[:60]})
+    store.finish_round(round1, {}, "adapters/tiny/round-1")
+    control = store.get_or_create_run(control_run("tiny"), "math", {})
+    c1 = store.start_round(control, 1, "parent", "lora-x")
+    store.add_eval(control, c1, "heldout", "c1", 0, 200, 110, {"solved": tasks[:110]})  # far better
+    store.finish_round(c1, {}, "adapters/tiny~control/round-1")
+    state = _state(loop, round=1, stage="verify", pending=Pending(
+        merge, cand.branch, "partial-credit-format", {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert "partial_format" not in loop.repo.sources("main")["reward.py"]
+    assert state.start_adapter == "adapters/tiny~control/round-1"
+
+    asked = []
+
+    def no_model(model, adapter=None, trainable=False):
+        asked.append(adapter)
+        raise RuntimeError("stop here: only the adapter choice is under test")
+
+    monkeypatch.setattr(train_loop, "load_policy", no_model)
+    state.round = 2
+    with pytest.raises(RuntimeError, match="stop here"):
+        loop.stage_train(state)
+    assert asked == ["adapters/tiny~control/round-1"]

@@ -9,6 +9,8 @@ round k+1 from the main run's round-k adapter, with the same seed, the same task
 promotion (the merge commit's first parent). The change is then the only difference between the
 two arms, and both answer the same held-out tasks, so stage verify compares them task by task
 (coevolve/verify.py:verify_paired). It costs one more training round per promotion verified.
+When the change is reverted, the next round continues from the control arm's adapter, so the
+revert undoes the change's training as well as its code.
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pendin
         return True
     finally:
         session.store.close()
+
+
+def control_adapter(root: Path, config: Config, index: int) -> str | None:
+    """The adapter the control arm's round `index` saved (None if it has not finished)."""
+    from evotrainer.store import Store
+
+    with Store.open(root, config.store.url) as store:
+        run_id = store.run_id(control_run(config.run_name))
+        rounds = store.rounds(run_id) if run_id is not None else []
+    return next((r["adapter_path"] for r in rounds if r["index"] == index and r["finished_at"]), None)
 
 
 def control_evals(store, run_name: str, index: int) -> list[dict]:

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
 from evotrainer.coevolve.state import Candidate, Pending, RunState
-from evotrainer.coevolve.control import control_evals, train_control
+from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
 from evotrainer.dist import barrier, is_main
@@ -102,8 +102,9 @@ class Coevolution:
         last = session.store.last_finished_round(session.run_id)
         done = last[0] if last else -1
         if done < state.round:
-            run_training(session, rounds=state.round - done)
+            run_training(session, rounds=state.round - done, start_adapter=state.start_adapter)
         session.store.close()
+        state.start_adapter = None
 
     def stage_verify(self, state: RunState) -> None:
         self._guard(state)
@@ -139,6 +140,10 @@ class Coevolution:
         if verdict.regressed:
             self._revert(state, pending, verdict,
                          why=f"{state.guard['describe']}; {verdict.describe()}" if critical else None)
+            if control:  # undo the change's training too: go on from the arm that never had it
+                state.start_adapter = control_adapter(self.ws.root, self.config, state.round)
+                self.console.print(f"round {state.round + 1} starts from the control arm's adapter "
+                                   f"({state.start_adapter})")
         else:
             if critical:
                 self.console.print(f"{pending.branch}: kept despite the critical held-out guard: the control arm "

@@ -52,6 +52,9 @@ class RunState:
     pending: Pending | None = None
     history: list[dict[str, Any]] = field(default_factory=list)  # one summary per finished round
     guard: dict[str, Any] | None = None  # this round's held-out guard (coevolve/heldout.py)
+    # After a revert with a control arm: the next round starts from the control arm's adapter
+    # (trained without the reverted change), not from the round trained with it.
+    start_adapter: str | None = None
 
     @classmethod
     def load(cls, path: Path) -> "RunState | None":

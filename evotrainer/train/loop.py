@@ -365,8 +365,10 @@ def train_from(session: Session, adapter: str | None, index: int, steps: int | N
     return summary
 
 
-def run_training(session: Session, rounds: int | None = None, steps: int | None = None) -> dict:
-    """Train `rounds` more rounds, resuming after the last finished round of this run."""
+def run_training(session: Session, rounds: int | None = None, steps: int | None = None,
+                 start_adapter: str | None = None) -> dict:
+    """Train `rounds` more rounds, resuming after the last finished round of this run, from that
+    round's adapter or, when given, from `start_adapter` (a reverted change's control arm)."""
     from evotrainer.train.progress import make_progress
 
     cfg = session.config
@@ -374,7 +376,7 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
     steps = steps or cfg.train.steps_per_round
     last = session.store.last_finished_round(session.run_id)
     start = last[0] + 1 if last else 0
-    adapter = last[1] if last else None
+    adapter = start_adapter or (last[1] if last else None)
     if last:
         session.console.print(f"[cyan]resuming run {cfg.run_name!r} after round {last[0]} ({adapter})")
     model, tokenizer = load_policy(cfg.policy.model, adapter, trainable=True)
@@ -390,7 +392,8 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
     with make_progress(session.console) as progress:
         for index in range(start, start + rounds):
             add_frontier_tasks(session, index)
-            model, summary = train_round(session, model, tokenizer, index, steps, progress)
+            model, summary = train_round(session, model, tokenizer, index, steps, progress,
+                                         start=start_adapter if index == start else None)
             summaries.append(summary)
             progress.console.print(
                 f"round {index}: held-out success {summary.heldout_success:.3f}  "
