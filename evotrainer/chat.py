@@ -16,6 +16,19 @@ def first_env(names: Sequence[str | None]) -> str | None:
     return next((os.environ[n] for n in names if n and os.environ.get(n)), None)
 
 
+def llm_endpoint(base_url: str | None, model: str | None, api_key: str | None = None,
+                 api_key_env: str | None = None, scope: str | None = None) -> tuple[str | None, str | None, str | None]:
+    """(base URL, model, API key): each argument, else the environment. EVOTRAINER_<SCOPE>_BASE_URL
+    and _MODEL come first when a scope is given (the judges': JUDGE), then EVOTRAINER_LLM_* and
+    OPENAI_BASE_URL; the key from the variable named by `api_key_env`, else
+    EVOTRAINER_LLM_API_KEY, else OPENAI_API_KEY."""
+    prefixes = ([f"EVOTRAINER_{scope}"] if scope else []) + ["EVOTRAINER_LLM"]
+    base_url = base_url or first_env([f"{p}_BASE_URL" for p in prefixes] + ["OPENAI_BASE_URL"])
+    model = model or first_env([f"{p}_MODEL" for p in prefixes])
+    key = api_key or first_env([api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+    return base_url, model, key
+
+
 def openai_client(who: str, base_url: str | None, model: str | None, api_key: str | None,
                   timeout_s: float, *, model_hint: str, key_hint: str):
     """An `openai.OpenAI` client; `who: no model; <model_hint>` (or no key) as ValueError. A local

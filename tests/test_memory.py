@@ -275,23 +275,33 @@ def test_domain_splits_are_disjoint():
             assert_disjoint(train + heldout[:1], heldout)
 
 
-def test_critical_reward_hacking_reverts_the_last_promotion_and_holds_back_others(tmp_path):
-    """The outer loop treats the guard as critical: on a real workspace and store, the pending
-    promotion is reverted and only a candidate that targets a safety metric may be promoted."""
+def _hacked_run_with_a_promotion(tmp_path: Path):
+    """A real workspace whose run "r" shows reward hacking over rounds 0-2 (training reward up,
+    held-out flat), with partial-credit-format promoted after round 1 and waiting for verify:
+    (loop, store, state)."""
     from evotrainer.coevolve import Coevolution, RunState
-    from evotrainer.coevolve.state import Candidate, Pending
+    from evotrainer.coevolve.state import Pending
     from evotrainer.config import load_config
     from evotrainer.paths import CONFIGS_DIR
     from evotrainer.skills import SkillLibrary
 
     loop = Coevolution(load_config(CONFIGS_DIR / "math-tiny.yaml", ["run_name=r"]), tmp_path / "work")
-    _history_store(loop.ws.root, [0.2, 0.5, 0.8], [15, 15, 14])
+    store, _ = _history_store(loop.ws.root, [0.2, 0.5, 0.8], [15, 15, 14])
     skill = "partial-credit-format"
     edits = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
     cand = loop.repo.propose(1, "pcf", edits, diagnosis="dead groups", targets="dead_group_ratio", expected="x")
     merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
     state = RunState(run="r", domain="math", round=2, stage="verify",
                      pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 1))
+    return loop, store, state
+
+
+def test_critical_reward_hacking_reverts_the_last_promotion_and_holds_back_others(tmp_path):
+    """The outer loop treats the guard as critical: on a real workspace and store, the pending
+    promotion is reverted and only a candidate that targets a safety metric may be promoted."""
+    from evotrainer.coevolve.state import Candidate
+
+    loop, _, state = _hacked_run_with_a_promotion(tmp_path)
     loop.stage_verify(state)
     assert state.guard["level"] == "critical" and state.pending is None
     reverts = [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]
@@ -309,24 +319,14 @@ def test_with_a_control_arm_the_guard_reverts_a_change_only_if_the_change_cost_h
     """The same critical alert, now with round 2 also trained without the change: when that arm
     did no better on held-out (14 of 50, like the live round), the drop is not the change's and it
     stays; when it did much better (30 of 50), the change goes, with both reasons."""
-    from evotrainer.coevolve import Coevolution, RunState
     from evotrainer.coevolve.control import control_run
-    from evotrainer.coevolve.state import Pending
-    from evotrainer.config import load_config
-    from evotrainer.paths import CONFIGS_DIR
     from evotrainer.skills import SkillLibrary
 
-    loop = Coevolution(load_config(CONFIGS_DIR / "math-tiny.yaml", ["run_name=r"]), tmp_path / "work")
-    store, _ = _history_store(loop.ws.root, [0.2, 0.5, 0.8], [15, 15, 14])
+    loop, store, state = _hacked_run_with_a_promotion(tmp_path)
+    skill = state.pending.skill
     control = store.get_or_create_run(control_run("r"), "math", {})
     store.add_eval(control, store.start_round(control, 2, "parent", "v1"), "heldout", "c2", 0, 50,
                    control_successes, {})
-    skill = "partial-credit-format"
-    edits = SkillLibrary.load(loop.ws.root).get(skill).render(loop.repo.sources("main"), {"weight": 0.1})
-    cand = loop.repo.propose(1, "pcf", edits, diagnosis="dead groups", targets="dead_group_ratio", expected="x")
-    merge = loop.repo.promote(cand.branch, "passed backtest bt-x")
-    state = RunState(run="r", domain="math", round=2, stage="verify",
-                     pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 1))
     loop.stage_verify(state)
     assert state.guard["level"] == "critical" and state.pending is None  # the alert stands either way
     reverts = [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]

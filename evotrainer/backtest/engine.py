@@ -347,6 +347,9 @@ class ChunkJob:
     # The task history the selected round was drawn from (TaskStats of the run's earlier rounds):
     # with it, each group also gets its curriculum weight (metrics.py: sampled_dead_group_ratio).
     history: tuple | None = None
+    # Each worker's copy of the job keeps the task shares it computed from the history: they are
+    # the same for every chunk, so each harness's weights() runs once per worker, not per chunk.
+    shares: dict = field(default_factory=dict, compare=False, repr=False)
 
     def open(self, trusted_io: Callable[[], Any]) -> _Reader:
         return _Reader(self.url, self.scope, trusted_io)
@@ -359,7 +362,11 @@ class ChunkJob:
         checked = {g for g in groups if zlib.crc32(g.encode()) < threshold}
         checked.add(next(iter(groups), None))  # and always the first group of every chunk
         out = {}
-        share = {label: _task_shares(h, self.history) for label, h in harnesses.items()} if self.history else None
+        share = None
+        if self.history:
+            if not self.shares:
+                self.shares.update({label: _task_shares(h, self.history) for label, h in harnesses.items()})
+            share = self.shares
         for label, harness in harnesses.items():
             start = time.perf_counter()
             tally = Tally()

@@ -43,8 +43,7 @@ def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pendin
         if any(r["index"] == index and r["finished_at"] for r in session.store.rounds(session.run_id)):
             return False
         main = session.store.run_id(config.run_name)
-        start = next((r["adapter_path"] for r in session.store.rounds(main)
-                      if r["index"] == pending.round and r["finished_at"]), None)
+        start = _round_adapter(session.store, main, pending.round)
         if start is None:
             raise RuntimeError(f"control arm: run {config.run_name!r} has no finished round {pending.round}")
         session.stats_run_id, session.stats_before = main, index
@@ -65,8 +64,12 @@ def control_adapter(root: Path, config: Config, index: int) -> str | None:
     from evotrainer.store import Store
 
     with Store.open(root, config.store.url) as store:
-        run_id = store.run_id(control_run(config.run_name))
-        rounds = store.rounds(run_id) if run_id is not None else []
+        return _round_adapter(store, store.run_id(control_run(config.run_name)), index)
+
+
+def _round_adapter(store, run_id: int | None, index: int) -> str | None:
+    """The adapter a run's finished round `index` saved, or None."""
+    rounds = store.rounds(run_id) if run_id is not None else []
     return next((r["adapter_path"] for r in rounds if r["index"] == index and r["finished_at"]), None)
 
 

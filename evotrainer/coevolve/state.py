@@ -7,10 +7,11 @@ Rollouts need no such care: the store commits them as they are scored.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from evotrainer.jsonfile import write_json
 
 STAGES = ("train", "verify", "diagnose", "propose", "backtest", "promote", "done")
 
@@ -66,9 +67,7 @@ class RunState:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_json(path, asdict(self), indent=2, sort_keys=True)
 
     def advance(self, stage: str, path: Path) -> None:
         assert stage in STAGES, stage

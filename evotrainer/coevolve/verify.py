@@ -71,8 +71,9 @@ def verify_paired(control: Sequence[Mapping], live: Sequence[Mapping], z: float)
     n = sum(c[s]["n"] for s in seeds)
     base = sum(c[s]["successes"] for s in seeds) / n
     now = sum(q[s]["successes"] for s in seeds) / n
-    gained = sum(len(set(q[s]["details"]["solved"]) - set(c[s]["details"]["solved"])) for s in seeds)
-    lost = sum(len(set(c[s]["details"]["solved"]) - set(q[s]["details"]["solved"])) for s in seeds)
+    solved = {s: (set(c[s]["details"]["solved"]), set(q[s]["details"]["solved"])) for s in seeds}
+    gained = sum(len(after - before) for before, after in solved.values())
+    lost = sum(len(before - after) for before, after in solved.values())
     mean = (gained - lost) / n
     var = (gained + lost) / n - mean * mean  # of the per-task differences, each -1, 0 or 1
     noise = math.sqrt(max(var, 1.0 / n) / n)

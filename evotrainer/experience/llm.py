@@ -17,7 +17,7 @@ from typing import Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import OUTCOME_KINDS
-from evotrainer.chat import first_env, openai_client, reply_json
+from evotrainer.chat import llm_endpoint, openai_client, reply_json
 from evotrainer.experience.distill import MAX_LESSON_CHARS, LessonDraft, register_distiller
 from evotrainer.store import StoredRollout
 
@@ -82,9 +82,7 @@ class LLMDistiller:
         EVOTRAINER_LLM_BASE_URL (else OPENAI_BASE_URL), EVOTRAINER_LLM_MODEL, and the key from
         `api_key`, `api_key_env`, EVOTRAINER_LLM_API_KEY or OPENAI_API_KEY (a local endpoint may
         need none)."""
-        self.base_url = base_url or first_env(["EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
-        self.model = model or first_env(["EVOTRAINER_LLM_MODEL"])
-        key = api_key or first_env([api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.base_url, self.model, key = llm_endpoint(base_url, model, api_key, api_key_env)
         self.client = openai_client(
             "llm distiller", self.base_url, self.model, key, timeout_s,
             model_hint="pass --model or set EVOTRAINER_LLM_MODEL",

@@ -12,7 +12,6 @@ variant whose key hashes to the held-out split is rejected like any invalid task
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from evotrainer.api import TaskStats
 from evotrainer.domains.base import Task
 from evotrainer.frontier.validate import Deduper, check_task
 from evotrainer.frontier.variants import NoVariant, variant
-from evotrainer.memory.strata import sigmoid
+from evotrainer.memory.strata import evidence
 from evotrainer.store import Store
 from evotrainer.store.models import Task as TaskRow
 
@@ -58,18 +57,12 @@ def in_band(stats: Sequence[TaskStats], band: tuple[float, float], min_attempts:
     first. The pass rate is the replay memory's current belief where the stats carry one (meta
     `logit`, memory/run.py), else successes over attempts."""
     lo, hi = band
-    rate = {s.task_id: _current_rate(s) for s in stats}
+    rate = {s.task_id: evidence(s)[1] for s in stats}
     picked = [s for s in stats if s.meta.get("split") == "train" and s.attempts >= min_attempts
               and lo <= rate[s.task_id] <= hi]
     mid = (lo + hi) / 2
     return sorted(picked, key=lambda s: (abs(rate[s.task_id] - mid), s.task_id))
 
-
-def _current_rate(s: TaskStats) -> float:
-    logit = s.meta.get("logit")
-    if isinstance(logit, (int, float)) and not isinstance(logit, bool) and math.isfinite(logit):
-        return sigmoid(logit)
-    return s.pass_rate
 
 
 def stored_tasks(store: Store, domain: str) -> list[Task]:

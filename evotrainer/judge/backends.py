@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from evotrainer.chat import first_env, openai_client
+from evotrainer.chat import llm_endpoint, openai_client
 from evotrainer.config import JudgeConfig
 
 
@@ -43,10 +43,8 @@ class OpenAIBackend:
     """`/v1/chat/completions` of any OpenAI-compatible server (vLLM, llama.cpp, Ollama, hosted APIs)."""
 
     def __init__(self, config: JudgeConfig) -> None:
-        self.base_url = config.base_url or first_env(
-            ["EVOTRAINER_JUDGE_BASE_URL", "EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
-        self.model = config.model or first_env(["EVOTRAINER_JUDGE_MODEL", "EVOTRAINER_LLM_MODEL"])
-        key = first_env([config.api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.base_url, self.model, key = llm_endpoint(config.base_url, config.model,
+                                                      api_key_env=config.api_key_env, scope="JUDGE")
         self.client = openai_client(
             "judge", self.base_url, self.model, key, config.timeout_s,
             model_hint="set judge.model or EVOTRAINER_JUDGE_MODEL",

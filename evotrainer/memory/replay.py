@@ -7,9 +7,9 @@ pass rate measured a few rounds ago is already too low when the task is drawn ag
 the memory keeps a belief (mean, variance) in logit space, updated from each round's results
 like a Kalman filter: between observations the mean moves by the memory's estimate of the
 model's drift per round and the variance grows by `noise` per round; an observation of k of n
-pulls the mean toward it by the usual gain. The drift itself is learnt from the innovations of
-re-observed tasks (saturated groups, all or none solved, say little about a shift and are left
-out). It also keeps decayed attempt counts (`decay`) for reports. The memory is plain data
+pulls the mean toward it by the usual gain. The drift itself is fitted to every re-observed
+task's result by binomial likelihood (_learn_drift). It also keeps decayed attempt counts
+(`decay`) for reports. The memory is plain data
 (to_json / from_json) so a run can keep it in its workdir between rounds.
 
 A synthesized variant (evotrainer/frontier) is admitted with its parent's belief as a prior,
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evotrainer.api import TaskStats
+from evotrainer.jsonfile import write_json
 from evotrainer.memory.strata import STRATA, Plan, StrataPolicy, distance, evidence, observed, plan, sigmoid
-
 
 
 @dataclass
@@ -123,7 +123,7 @@ class ReplayMemory:
         for s in self.stats():
             if s.task_id in anchors or p.strata[s.task_id] in ("new", "mid"):
                 continue
-            rate = sigmoid(s.meta["logit"]) if "logit" in s.meta else evidence(s)[1]
+            rate = evidence(s)[1]  # the belief's rate where there is one
             d = distance(rate, self.policy)
             if d > 0:
                 scored.append((rate is not None and rate < self.policy.lo, -d, s.task_id))
@@ -267,11 +267,7 @@ class ReplayMemory:
         return mem
 
     def save(self, path: Path | str) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        tmp.replace(path)
+        write_json(path, self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: Path | str) -> "ReplayMemory":

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evotrainer.api import TaskStats
+from evotrainer.jsonfile import write_json
 from evotrainer.memory.replay import ReplayMemory
 from evotrainer.memory.strata import StrataPolicy
 
@@ -75,7 +76,4 @@ class RunMemory:
                 for s in self.memory.stats()]
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"memory": self.memory.to_json(), "observed": self.observed}, indent=1) + "\n")
-        tmp.replace(self.path)
+        write_json(self.path, {"memory": self.memory.to_json(), "observed": self.observed}, indent=1)

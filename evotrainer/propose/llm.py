@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
-from evotrainer.chat import first_env, openai_client, reply_json
+from evotrainer.chat import llm_endpoint, openai_client, reply_json
 from evotrainer.harness.loader import (CODE_FILES, GRPO_KEYS, HARNESS_FILES, SPEC_FILE, HarnessError,
                                        check_imports, parse_spec)
 from evotrainer.harness.sandbox import ALLOWED_MODULES, CandidateFailure, SandboxLimits, SandboxPool
@@ -153,9 +153,7 @@ class LLMAgent:
         OPENAI_BASE_URL), EVOTRAINER_LLM_MODEL, and the key from `api_key`, else the variable
         named by `api_key_env`, else EVOTRAINER_LLM_API_KEY, else OPENAI_API_KEY. A local endpoint
         (a base URL is set) may need no key."""
-        self.base_url = base_url or first_env(["EVOTRAINER_LLM_BASE_URL", "OPENAI_BASE_URL"])
-        self.model = model or first_env(["EVOTRAINER_LLM_MODEL"])
-        key = api_key or first_env([api_key_env, "EVOTRAINER_LLM_API_KEY", "OPENAI_API_KEY"])
+        self.base_url, self.model, key = llm_endpoint(base_url, model, api_key, api_key_env)
         self.client = openai_client(
             "llm agent", self.base_url, self.model, key, timeout_s,
             model_hint="set agent.llm.model or EVOTRAINER_LLM_MODEL",

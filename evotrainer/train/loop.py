@@ -178,8 +178,8 @@ def memory_task_stats(session: Session, index: int | None, seed: int) -> list[Ta
     forget, admit, and report what it holds."""
     spec = session.harness.spec.memory
     if index is None:
-        finished = [r["index"] for r in session.store.rounds(session.run_id) if r["finished_at"]]
-        index = max(finished) + 1 if finished else 0
+        last = session.store.last_finished_round(session.run_id)
+        index = last[0] + 1 if last else 0
     memory = run_memory(session, before=index)
     admitted = memory.refill(session.train_tasks, index, spec["admit"], seed)
     counts = memory.memory.strata_counts()
