@@ -4,6 +4,7 @@ on a real SQLite file and on a real PostgreSQL server; seqs stay dense and batch
 from __future__ import annotations
 
 import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,46 @@ def test_counter_starts_after_rows_written_before_it_existed(tmp_path: Path) -> 
     with Store(url) as store:  # reopening recreates the table and starts the counter at 5
         store.add_rollouts(_rollout(1, 0, i) for i in range(3))
         assert [r.rollout.id[:2] for r in store.iter_rollouts()] == ["w0"] * 5 + ["w1"] * 3
+
+
+OPENERS = 6
+
+
+def _opener(url: str, i: int, start: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue") -> None:
+    start.wait(60)
+    try:
+        with Store(url) as store:  # schema creation races here: every opener finds no table
+            store.get_or_create_run(f"r{i}", "math", {})
+            store.add_rollouts([_rollout(i, 0, 0)])
+        out.put("ok")
+    except Exception as exc:  # the parent reports what failed in which process
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def _open_at_once(url: str) -> None:
+    """Several processes open one new store at the same moment: every one of them succeeds."""
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_opener, args=(url, i, start, out)) for i in range(OPENERS)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # every process imported and waits at the event
+    start.set()
+    for p in procs:
+        p.join(120)
+    results = [out.get(timeout=5) for _ in procs]
+    assert results == ["ok"] * OPENERS, results
+    with Store(url) as store:
+        assert store.count_rollouts() == OPENERS
+
+
+@pytest.mark.slow
+def test_new_sqlite_store_opened_by_several_processes_at_once(tmp_path: Path) -> None:
+    for attempt in range(3):  # three fresh files: the race is timing-dependent
+        _open_at_once(f"sqlite:///{tmp_path / f'new-{attempt}.db'}")
+
+
+@pytest.mark.slow
+def test_new_postgres_store_opened_by_several_processes_at_once(postgres) -> None:  # noqa: F811
+    for attempt in range(3):
+        _open_at_once(postgres.new_database(f"race{attempt}"))

@@ -7,8 +7,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import Select, case, create_engine, event, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy import Select, case, create_engine, event, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -20,6 +20,7 @@ from evotrainer.store.models import Lesson, LessonEmbedding
 # Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
 _IN_CHUNK = 500
 ROLLOUT_SEQ = "rollout_seq"  # the Counter row that rollout seqs are drawn from
+_SCHEMA_LOCK = 0x65766F74  # PostgreSQL advisory-lock key of schema creation ("evot")
 
 
 @dataclass(frozen=True)
@@ -147,15 +148,22 @@ class Store:
         self._ensure_counter()
 
     def _create_schema(self) -> None:
-        # Several workers may open a new server database at once; PostgreSQL then fails the
-        # losers' CREATE TABLE on its catalog's unique index. The winner's tables are there after.
-        for attempt in range(3):
-            try:
-                Base.metadata.create_all(self.engine)
-                return
-            except DBAPIError:
-                if attempt == 2:
-                    raise
+        """Create missing tables, safe when several processes open a new store at once.
+
+        `create_all` checks which tables exist, then creates the rest: two processes doing that
+        at the same moment both see a table missing, and the slower one fails with "already
+        exists". So the check and the creation run in one transaction under a lock the backend
+        holds for us: SQLite's write lock (BEGIN IMMEDIATE; its DDL is transactional), or a
+        PostgreSQL advisory lock held until commit. The later process then finds every table made.
+        Any later migration belongs inside the same lock.
+        """
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            elif self.engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK})
+            Base.metadata.create_all(conn)
+            conn.commit()
 
     def _ensure_counter(self) -> None:
         """Create the rollout seq counter; a store written before it existed starts at max(seq)."""
