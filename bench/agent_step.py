@@ -22,6 +22,7 @@ from rich.console import Console
 from evotrainer.cli.main import quiet_libraries
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR
+from evotrainer.console import make_console
 
 
 def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
@@ -52,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     quiet_libraries()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     load = os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="evo-agent-bench-") as tmp:

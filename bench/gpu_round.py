@@ -11,6 +11,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from evotrainer.console import make_console
 
 
 def ensure_model() -> Path:
@@ -46,7 +47,6 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from rich.console import Console
     from rich.table import Table
 
     from evotrainer.cli.main import quiet_libraries
@@ -57,7 +57,7 @@ def main() -> None:
     from evotrainer.train.loop import open_session, run_training
 
     quiet_libraries()
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     assert torch.cuda.is_available(), "bench/gpu_round.py needs a CUDA GPU"
     model_dir = ensure_model()
     work = Path(tempfile.mkdtemp(prefix="gpu-round-"))
@@ -97,7 +97,7 @@ def main() -> None:
     table.add_column("value", justify="right")
     for k, v in rows.items():
         table.add_row(k, f"{v:.2f}" if isinstance(v, float) else str(v))
-    Console().print(table)
+    make_console().print(table)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_round.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from evotrainer.cli.main import ConfigOpt, OverridesArg, WorkdirOpt, load_or_exit, resolve_workdir
+from evotrainer.console import make_console
 
 app = typer.Typer(name="backtests", help="List, show and replay backtest reports.", no_args_is_help=True)
-err = Console(stderr=True)
+err = make_console(stderr=True)
 STORE_URL_ENV = "EVOTRAINER_STORE_URL"
 PROGRESS_MIN_ROWS = 5000  # below this a progress bar is only flicker
 
@@ -99,7 +99,7 @@ def metrics_table(report: dict[str, Any]) -> Table | None:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    out = Console()
+    out = make_console()
     good = report["decision"] == "promote"
     out.print(Text.assemble(
         ("backtest ", "bold"), (report["id"], "bold cyan"), "  ",
@@ -184,7 +184,7 @@ def list_cmd(
         table.add_row(r["id"], Text(r["decision"], style="green" if good else "red"), str(r["n_rollouts"]),
                       r["target"] or "-",
                       f"{r['candidate_rev'] or ''} {r['candidate'][:7]} vs {r['base'][:7]}".strip())
-    Console().print(table)
+    make_console().print(table)
 
 
 def _load(ws: Any, store: Any, backtest_id: str) -> dict[str, Any]:
@@ -233,7 +233,7 @@ def replay_cmd(
     if as_json:
         print(json.dumps(result, indent=2))
     else:
-        out = Console()
+        out = make_console()
         if result["reproduced"]:
             out.print(Text.assemble(("reproduced ", "bold green"), result["id"],
                                     f": {result['n_rollouts']} rollouts, every metric and the decision "

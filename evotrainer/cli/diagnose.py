@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.console import make_console
 
 STORE_URL_ENV = "EVOTRAINER_STORE_URL"
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -87,7 +87,7 @@ def diagnose_cmd(
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
         return
-    out = Console()
+    out = make_console()
     out.print(summary_line(report))
     for table in dimension_tables(report):
         out.print(table)

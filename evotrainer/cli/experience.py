@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from rich.table import Table
@@ -16,6 +15,7 @@ from rich.text import Text
 
 from evotrainer.experience.distill import SOURCES
 from evotrainer.store import Store
+from evotrainer.console import make_console
 
 app = typer.Typer(name="experience", no_args_is_help=True, help=(
     "The experience pool: lessons distilled from stored rollouts, which a harness can put into a "
@@ -31,7 +31,7 @@ DEFAULT_WORKDIR = Path("evotrainer-work")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+    make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
     return typer.Exit(code)
 
 
@@ -65,7 +65,7 @@ def list_cmd(workdir: Workdir = DEFAULT_WORKDIR, domain: DomainOpt = None,
     """Stored lessons, best supported first."""
     with _open(workdir) as store:
         rows = store.lessons(domain=domain, source=source.value if source else None, limit=limit)
-    Console().print(_table(rows, f"{len(rows)} lesson(s)"))
+    make_console().print(_table(rows, f"{len(rows)} lesson(s)"))
 
 
 @app.command("show")
@@ -86,7 +86,7 @@ def show_cmd(lesson: Annotated[str, typer.Argument(help="Lesson id (or a unique 
         f"meta {row['meta']}\n",
         f"evidence ({len(row['evidence'])} rollout(s)): {' '.join(row['evidence'][:20])}",
         " ..." if len(row["evidence"]) > 20 else "")
-    Console().print(Panel(body, title=f"lesson {row['id']}", title_align="left"))
+    make_console().print(Panel(body, title=f"lesson {row['id']}", title_align="left"))
 
 
 @app.command("search")
@@ -102,7 +102,7 @@ def search_cmd(text: Annotated[str, typer.Argument(help="What to look for, in wo
         raise _fail("give some text to search for")
     with _open(workdir) as store:
         try:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=Console(stderr=True),
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=make_console(stderr=True),
                           transient=True) as progress:
                 progress.add_task("embedding lessons and query", total=None)
                 hits = ExperiencePool(store).search(text, domain=domain, k=k)
@@ -110,7 +110,7 @@ def search_cmd(text: Annotated[str, typer.Argument(help="What to look for, in wo
             raise _fail(str(exc), 1)
     rows = [{"id": h.lesson.id, "domain": h.lesson.domain, "source": h.lesson.source, "kind": h.lesson.kind,
              "support": h.lesson.support, "text": h.lesson.text} for h in hits]
-    Console().print(_table(rows, f"{len(rows)} lesson(s) nearest to {text!r}", [h.score for h in hits]))
+    make_console().print(_table(rows, f"{len(rows)} lesson(s) nearest to {text!r}", [h.score for h in hits]))
 
 
 @app.command("distill")
@@ -150,7 +150,7 @@ def distill_cmd(
         if total == 0:
             raise _fail("no stored rollouts match")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      console=Console(stderr=True), transient=True) as progress:
+                      console=make_console(stderr=True), transient=True) as progress:
             reading = progress.add_task("reading rollouts", total=total)
             if agent is Source.llm:
                 asking = progress.add_task("asking the model", total=None)
@@ -160,11 +160,11 @@ def distill_cmd(
                                           limit=limit, on_rollout=lambda: progress.advance(reading))
             except DistillEndpointError as exc:
                 raise _fail(str(exc), 1)
-    out = Console()
+    out = make_console()
     for s in summaries:
         out.print(f"[bold]{s.domain}[/bold]: {s.rollouts} rollouts in {s.groups} groups -> "
                   f"{len(s.drafts)} lesson(s): {s.added} new, {s.updated} updated")
         for d in s.drafts:
             out.print(Text.assemble(("  ", ""), (d.id, "cyan"), f"  [{d.kind}, support {d.support}]  ", d.text))
     for reason in getattr(distiller, "last_errors", []):
-        Console(stderr=True).print(Text.assemble(("note: ", "yellow"), reason))
+        make_console(stderr=True).print(Text.assemble(("note: ", "yellow"), reason))

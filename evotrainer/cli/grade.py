@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from evotrainer.console import make_console
 
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -94,7 +94,7 @@ def grade_cmd(
         print(json.dumps({"summary": summary,
                           "results": [{k: v for k, v in r.items() if k != "log"} for r in results]}, indent=2))
         return
-    out = Console()
+    out = make_console()
     if len(results) <= 50:
         table = Table(title=f"grades ({tasks.name})")
         for col in ("instance", "resolved", "kind", "score", "flags", "s"):

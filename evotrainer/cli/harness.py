@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -14,6 +14,7 @@ from rich.text import Text
 
 from evotrainer.harness.repo import CommitInfo, HarnessRepo, HarnessRepoError
 from evotrainer.workspace import Workspace
+from evotrainer.console import make_console
 
 app = typer.Typer(
     name="harness",
@@ -27,7 +28,7 @@ DEFAULT_WORKDIR = Path("evotrainer-work")
 
 
 def _fail(message: str) -> typer.Exit:
-    Console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
+    make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
     return typer.Exit(1)
 
 
@@ -78,7 +79,7 @@ def log_cmd(
 ):
     """The promotion history of main (first parent), newest first; --all adds the candidates."""
     repo = _repo(workdir)
-    out = Console()
+    out = make_console()
     commits = repo.log(first_parent=not all_, branches=all_, limit=limit)
     for info in commits:
         out.print(commit_panel(info, with_body=False))
@@ -100,7 +101,7 @@ def show_cmd(
         info, patch = repo.show(rev)
     except HarnessRepoError as exc:
         raise _fail(str(exc))
-    out = Console()
+    out = make_console()
     out.print(commit_panel(info))
     out.print(_diff(patch))
 
@@ -117,4 +118,4 @@ def diff_cmd(
         text = repo.diff(a, b)
     except HarnessRepoError as exc:
         raise _fail(str(exc))
-    Console().print(_diff(text))
+    make_console().print(_diff(text))

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.console import make_console
 
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -112,7 +112,7 @@ def judge_cmd(
     for name in names:
         table.add_column(name, justify="right")
     table.add_row(*(str(counts[k]) for k in names))
-    Console().print(table)
+    make_console().print(table)
     if pending:
         err.print(Text(f"{pending} rollout(s) wait for a person: evotrainer review -w {resolve_workdir(workdir)}",
                        style="yellow"))

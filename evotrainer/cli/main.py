@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from evotrainer.config import Config, ConfigError, load_config
+from evotrainer.console import make_console
 
 app = typer.Typer(
     name="evotrainer",
@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # reflow docstring paragraphs in --help
 )
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 WorkdirOpt = typer.Option(
     None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
@@ -95,7 +95,7 @@ def init(domain: str = DomainOpt, workdir: Optional[Path] = WorkdirOpt):
     table.add_row("skills/", "learned skills")
     table.add_row("backtests/", "backtest reports")
     table.add_row("store.db", "present" if ws.store_path.exists() else "created by the first train/eval")
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command()
@@ -131,7 +131,7 @@ def _print_train_summary(session, result) -> None:
     for s in result["rounds"]:
         table.add_row(str(s.index), f"{s.heldout_success:.3f}", f"{s.train_reward:.3f}",
                       f"{s.train_success:.3f}", f"{s.step_time:.1f}", s.adapter)
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command()
@@ -216,7 +216,7 @@ def eval_cmd(
     for r in rows:
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(r["kinds"].items()))
         table.add_row(str(r["seed"]), str(r["n"]), f"{r['success_rate']:.3f}", kinds)
-    Console().print(table)
+    make_console().print(table)
 
 
 @app.command("config")
@@ -264,6 +264,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main() -> None:
     _register_subapps()
     quiet_libraries()
+    if not sys.stderr.isatty():
+        # typer draws usage errors in a rich panel 80 columns wide, splitting paths; off a
+        # terminal click's own one-line "Error: ..." is what a log or a pipe should get.
+        typer.core.HAS_RICH = False
     try:
         app()
     except _user_errors() as exc:

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.console import make_console
 
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def report_cmd(

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from evotrainer.cli.judge import open_store
 from evotrainer.cli.main import WorkdirOpt
+from evotrainer.console import make_console
 
 CHOICES = {"s": "success", "f": "failure", "k": "skip", "q": "quit"}
 
@@ -33,7 +34,7 @@ def review_cmd(
     label (`meta["judge"]`, source "human") and counts in backtests as the judges' human accuracy."""
     from evotrainer.judge import JudgeRecords, apply_human_label
 
-    out = Console()
+    out = make_console()
     with open_store(workdir) as store:
         records = JudgeRecords(store)
         queue = records.reviews("pending", limit=limit)

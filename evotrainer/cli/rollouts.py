@@ -20,6 +20,7 @@ from evotrainer.api import OUTCOME_KINDS
 from evotrainer.report.rollout_pages import looks_like_patch, per_test
 from evotrainer.store import ImportErrors, Store, StoredRollout, export_jsonl, import_jsonl
 from evotrainer.store.jsonl import to_export_dict
+from evotrainer.console import make_console
 
 app = typer.Typer(
     name="rollouts",
@@ -45,7 +46,7 @@ PROGRESS_MIN_ROWS = 1000
 
 
 def _err() -> Console:
-    return Console(stderr=True)
+    return make_console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -113,7 +114,7 @@ def ls(
         table.add_row(_short(r.id), r.task_id, r.outcome.kind, _flag(r.outcome.success),
                       _num(sr.reward), _num(sr.advantage), _flag(sr.kept), str(r.num_tokens),
                       Text(preview[:80]))
-    Console().print(table)
+    make_console().print(table)
 
 
 def _render(sr: StoredRollout) -> Group:
@@ -189,7 +190,7 @@ def show(
     if as_json:
         typer.echo(json.dumps(to_export_dict(sr), ensure_ascii=False, indent=2, sort_keys=True))
         return
-    Console().print(_render(sr))
+    make_console().print(_render(sr))
 
 
 @app.command("export")

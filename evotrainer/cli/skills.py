@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from evotrainer.skills.library import STATUSES, SkillError, SkillLibrary
+from evotrainer.console import make_console
 
 app = typer.Typer(name="skills", help="Browse the skill library: reusable, evidence-backed harness "
                   "interventions.", no_args_is_help=True)
@@ -25,7 +25,7 @@ StatusOpt = Annotated[Optional[Status], typer.Option("--status", "-s", help="Onl
 
 def _library(workdir: Optional[Path]) -> SkillLibrary:
     lib = SkillLibrary.load(workdir)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     for message in lib.errors:
         err.print(Text.assemble(("skipped: ", "yellow"), message))
     return lib
@@ -41,7 +41,7 @@ def list_cmd(workdir: Workdir = None, domain: DomainOpt = None, status: StatusOp
     from evotrainer.skills.render import skills_table
 
     skills = _library(workdir).filter(domain, status.value if status else None)
-    Console().print(skills_table(skills, f"{len(skills)} skill(s) ({_where(workdir)})"))
+    make_console().print(skills_table(skills, f"{len(skills)} skill(s) ({_where(workdir)})"))
 
 
 @app.command("show")
@@ -52,9 +52,9 @@ def show_cmd(name: Annotated[str, typer.Argument(help="Skill name.")], workdir: 
     try:
         skill = _library(workdir).get(name)
     except SkillError as exc:
-        Console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
+        make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
         raise typer.Exit(1)
-    Console().print(skill_panel(skill))
+    make_console().print(skill_panel(skill))
 
 
 @app.command("search")
@@ -64,4 +64,4 @@ def search_cmd(text: Annotated[str, typer.Argument(help="Words to find in name, 
     from evotrainer.skills.render import skills_table
 
     skills = [s for s in _library(workdir).search(text) if domain is None or s.applies_to(domain)]
-    Console().print(skills_table(skills, f"{len(skills)} skill(s) matching {text!r}"))
+    make_console().print(skills_table(skills, f"{len(skills)} skill(s) matching {text!r}"))

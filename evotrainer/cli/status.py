@@ -6,13 +6,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.console import make_console
 
-err = Console(stderr=True)
+err = make_console(stderr=True)
 
 
 def _fmt(value: object) -> str:
@@ -48,7 +48,7 @@ def status_cmd(workdir: Optional[Path] = WorkdirOpt):
     if not ws.root.is_dir() or not (ws.store_path.exists() or ws.exists()):
         err.print(f"[red]error:[/red] {ws.root}: no workspace here (run `evotrainer init` or `train`)")
         raise typer.Exit(2)
-    out = Console()
+    out = make_console()
     state = load_state(ws.root)
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Annotated, List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from evotrainer.console import make_console
 
 app = typer.Typer(name="tasks", help="Build SWE task sets: synthesize bugs in a repo, or import SWE-bench JSONL.",
                   no_args_is_help=True)
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def _hook(spec: str | None):
@@ -154,7 +154,7 @@ def list_cmd(file: Annotated[Path, typer.Argument(help="A task file (default: th
             m = t.extra.get("mutation") or {}
             where = f"{m.get('path', '')}:{m.get('function', '')}" if m else t.repo
             table.add_row(t.instance_id, str(t.level), str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), where)
-    Console().print(table)
+    make_console().print(table)
 
 
 from evotrainer.frontier.cli import frontier_cmd  # noqa: E402  (self-questioning lives in evotrainer.frontier)

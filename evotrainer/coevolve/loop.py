@@ -25,6 +25,7 @@ from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.store import Store
 from evotrainer.workspace import ensure_workspace
+from evotrainer.console import make_console
 
 # approve(candidate, backtest report, diff text) -> promote?
 Approver = Callable[[Candidate, dict, str], bool]
@@ -36,7 +37,7 @@ class Coevolution:
     def __init__(self, config: Config, workdir: Path, console: Console | None = None,
                  approve: Approver | None = None):
         self.config = config
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.approve = approve
         if is_main():  # in a multi-rank launch rank 0 alone writes the workspace (evotrainer/dist.py)
             ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+from evotrainer.console import make_console
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 
 
 def _band(text: str) -> tuple[float, float]:
@@ -61,6 +61,6 @@ def frontier_cmd(
         table.add_column(col)
     for t in report.accepted:
         table.add_row(t.task_id, str(t.meta.get("parent")), t.prompt[:70])
-    Console().print(table)
+    make_console().print(table)
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(report.reasons().items())) or "none"
     console.print(f"rejected: {reasons}; report: {path}")

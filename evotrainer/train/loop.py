@@ -29,6 +29,7 @@ from evotrainer.train.credit import StepCreditSpec
 from evotrainer.train.evaluate import (EvalResult, check_backends, eval_backend_name, evaluate,
                                        make_eval_backend)
 from evotrainer.workspace import ensure_workspace
+from evotrainer.console import make_console
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Session:
 
 def open_session(config: Config, workdir: Path, console: Console | None = None,
                  harness: Harness | None = None) -> Session:
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     check_backends(config)  # a vLLM config on a machine without CUDA fails here, before any work
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)
