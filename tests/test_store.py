@@ -101,6 +101,31 @@ def test_runs_rounds_and_evals(store: Store) -> None:
     assert row["details"] == {"ok": 10, "wrong": 30}
 
 
+def test_a_round_started_over_sets_the_dead_attempt_aside(store: Store) -> None:
+    """A crash mid-round leaves rollouts and an eval; training the round again must not count
+    them as the round's: they move to `<run>~abandoned`, kept and marked, and the round is empty."""
+    run = store.get_or_create_run("r", "math", {})
+    r0 = store.begin_round(run, 0, "h0", "base")
+    store.finish_round(r0, {}, "adapters/0")
+    r1 = store.begin_round(run, 1, "h0", "a0")
+    store.add_rollouts([make(i, run_id=run, round_id=r1) for i in range(6)])
+    store.add_eval(run, r1, "heldout", "adapters/1", 0, 8, 2, {})
+    assert store.begin_round(run, 1, "h1", "a0") == r1  # the crash; training starts round 1 over
+    assert store.count_rollouts(run_id=run, round_index=1) == 0
+    assert [e for e in store.evals(run) if e["round_id"] == r1] == []
+    aside = store.run_id("r~abandoned")
+    assert store.count_rollouts(run_id=aside) == 6
+    [attempt] = store.rounds(aside)
+    assert attempt["metrics"]["abandoned"] == {"run": "r", "round": 1, "rollouts": 6, "evals": 1}
+    assert [r["harness_version"] for r in store.rounds(run)] == ["h0", "h1"]
+    store.add_rollouts([make(10 + i, run_id=run, round_id=r1) for i in range(2)])
+    assert store.begin_round(run, 1, "h1", "a0") == r1  # a second crash: a second attempt aside
+    assert [r["index"] for r in store.rounds(aside)] == [1, 2] and store.count_rollouts(run_id=aside) == 8
+    store.finish_round(r1, {}, None)
+    with pytest.raises(ValueError, match="finished"):
+        store.begin_round(run, 1, "h1", "a0")
+
+
 def test_iter_rollouts_filters_chunks_and_limit(store: Store) -> None:
     run_a = store.get_or_create_run("a", "math", {})
     run_b = store.get_or_create_run("b", "math", {})

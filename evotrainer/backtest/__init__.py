@@ -10,6 +10,8 @@ worker processes (evotrainer.harness.sandbox); the gate's margins and limits com
 from __future__ import annotations
 
 from pathlib import Path
+
+import git
 from typing import Any, Callable
 
 from evotrainer.backtest.engine import (
@@ -21,7 +23,7 @@ from evotrainer.backtest.engine import (
 )
 from evotrainer.backtest.gate import GateDecision, decide, target_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, METRICS, SAFETY_METRICS, Tally, group_advantages
-from evotrainer.backtest.report import build_report, load_report, new_id, render_markdown, write_report
+from evotrainer.backtest.report import build_report, find_report, load_report, new_id, render_markdown, write_report
 from evotrainer.config import GateConfig
 from evotrainer.harness.repo import CANDIDATE_PREFIX, MAIN, HarnessRepo, HarnessRepoError
 from evotrainer.harness.sandbox import CandidateFailure
@@ -47,11 +49,13 @@ def _run_and_decide(store: Store, base: HarnessVersion, candidate: HarnessVersio
 def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selector | None = None,
              gate: GateConfig | None = None, store: Store | None = None, workers: int | None = None,
              chunk_size: int = DEFAULT_CHUNK, on_progress: Progress | None = None,
-             record: bool = True, executor: str = "local") -> dict[str, Any]:
+             record: bool = True, executor: str = "local", reuse: bool = False) -> dict[str, Any]:
     """Backtest harness revision `rev` against `base`, write and index the report, and return it.
 
     A harness fault never raises: it is a "reject" report with the reason. With `record`, a
-    candidate branch gets a `Backtest: <id>` trailer (HarnessRepo.record_backtest).
+    candidate branch gets a `Backtest: <id>` trailer (HarnessRepo.record_backtest). With `reuse`,
+    a report already indexed for the same base, candidate tree and selection is returned instead
+    of a new run (a resumed `coevolve` whose kill came after the report was written).
     """
     ws = Workspace(workdir)
     repo = HarnessRepo(ws.harnesses)
@@ -62,6 +66,10 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
     own_store = store is None
     store = store or Store.open(ws.root)
     try:
+        report = _earlier_report(repo, store, base_v, cand_v, rev, selector or Selector()) if reuse else None
+        if report is not None:
+            _record(repo, rev, report["id"], record)
+            return report
         run, decision = _run_and_decide(store, base_v, cand_v, selector or Selector(), gate, declared,
                                         workers=workers, chunk_size=chunk_size, on_progress=on_progress,
                                         executor=executor)
@@ -74,12 +82,29 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
     finally:
         if own_store:
             store.close()
+    _record(repo, rev, report["id"], record)
+    return report
+
+
+def _record(repo: HarnessRepo, rev: str, backtest_id: str, record: bool) -> None:
     if record and rev.startswith(CANDIDATE_PREFIX) and rev in repo.candidates():
         try:
-            repo.record_backtest(rev, report["id"])
+            repo.record_backtest(rev, backtest_id)
         except HarnessRepoError:
             pass  # e.g. already promoted: the report still names the commit it tested
-    return report
+
+
+def _earlier_report(repo: HarnessRepo, store: Store, base_v, cand_v, rev: str, selector: Selector):
+    tree = repo.repo.commit(cand_v.sha).tree.hexsha
+
+    def same_tree(sha: str) -> bool:
+        try:
+            return repo.repo.commit(sha).tree.hexsha == tree
+        except (ValueError, git.BadName):  # a commit this repo does not have
+            return False
+
+    return find_report(store, base_sha=base_v.sha, candidate_rev=rev, selector=selector.to_json(),
+                       same_candidate=same_tree)
 
 
 def _judge_agreement(store: Store, run: BacktestRun) -> dict[str, Any]:

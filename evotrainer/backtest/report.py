@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evotrainer.backtest.engine import BacktestRun
 from evotrainer.backtest.gate import GateDecision
 from evotrainer.backtest.metrics import COUNTS, LOWER_IS_BETTER, METRICS
 from evotrainer.config import GateConfig
+from evotrainer.crashpoints import crash_point
 from evotrainer.store import Store
 
 REPORT_VERSION = 1
@@ -69,11 +71,28 @@ def write_report(backtests_dir: Path, report: dict[str, Any], store: Store | Non
     backtests_dir = Path(backtests_dir)
     backtests_dir.mkdir(parents=True, exist_ok=True)
     path = backtests_dir / f"{report['id']}.json"
-    path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    # The JSON appears under its name last, after the store indexed it: a kill before that
+    # leaves at most a .tmp file, never a report that a rerun would repeat (find_report).
+    staged = path.with_suffix(".json.tmp")
+    staged.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     path.with_suffix(".md").write_text(render_markdown(report), encoding="utf-8")
     if store is not None:
         store.add_backtest(report, str(path.resolve()))
+    crash_point("backtest.indexed", report.get("candidate_rev"))
+    os.replace(staged, path)
     return path
+
+
+def find_report(store: Store, *, base_sha: str, candidate_rev: str, same_candidate: Callable[[str], bool],
+                selector: dict[str, Any]) -> dict[str, Any] | None:
+    """An indexed report of this base against this candidate (`same_candidate(sha)` says whether
+    a reported candidate commit is it) on this selection, or None."""
+    for row in store.backtests():
+        if row["base"] == base_sha and row["candidate_rev"] == candidate_rev and same_candidate(row["candidate"]):
+            report = store.get_backtest(row["id"])
+            if report is not None and report.get("selector") == selector:
+                return report
+    return None
 
 
 def load_report(backtests_dir: Path, backtest_id: str, store: Store | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from evotrainer.coevolve.state import Candidate, Pending, RunState
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
+from evotrainer.crashpoints import crash_point
 from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.store import Store
@@ -58,6 +59,9 @@ class Coevolution:
         if state.run != self.config.run_name:
             raise RuntimeError(f"workspace holds co-evolution run {state.run!r}, config says "
                                f"{self.config.run_name!r}")
+        if resume and is_main():
+            for what in self.repo.recover():  # a kill in the middle of a git command
+                self.console.print(f"[yellow]harness repo: {what}")
         target = state.round + rounds if state.stage == "train" and not resume else None
         target = target if target is not None else self._resume_target(state, rounds)
         while state.round < target:
@@ -81,6 +85,7 @@ class Coevolution:
             # Every rank trains (DDP); the outer loop's stages and the state file are rank 0's.
             if name == "train" or is_main():
                 self.console.rule(f"[bold]round {k} · {name}")
+                crash_point("coevolve.stage", name)
                 fn(state)
             nxt = names[names.index(name) + 1] if name != "promote" else "done"
             if is_main():
@@ -200,8 +205,10 @@ class Coevolution:
                 continue
             # The run's own store (config store.url), on the configured executor.
             with Store.open(self.ws.root, self.config.store.url) as store:
+                # reuse: a resumed round whose kill came after this report was written
                 report = backtest(self.ws.root, c.branch, selector=selector, gate=self.config.gate, store=store,
-                                  workers=self.config.executor.workers, executor=self.config.executor.kind)
+                                  workers=self.config.executor.workers, executor=self.config.executor.kind,
+                                  reuse=True)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = _gain(report)
             state.save(self.state_path)
@@ -226,7 +233,10 @@ class Coevolution:
                 best.reasons.append("rejected by the reviewer (--approve)")
                 self.console.print(f"{best.branch}: not promoted (reviewer said no)")
                 return
-        merge = self.repo.promote(best.branch, f"passed backtest {best.backtest} in round {state.round}")
+        # A kill after the merge and before the state was saved: the promotion is already on main.
+        merge = self.repo.promotion_of(best.branch) or self.repo.promote(
+            best.branch, f"passed backtest {best.backtest} in round {state.round}")
+        crash_point("coevolve.promoted", best.branch)
         state.pending = Pending(merge=merge, branch=best.branch, skill=best.skill, params=best.params,
                                 backtest=best.backtest, target=best.targets, round=state.round)
         self.console.print(f"[green]promoted[/] {best.branch} as {merge[:8]}")
@@ -341,7 +351,8 @@ class Coevolution:
 
     def _revert(self, state: RunState, pending: Pending, verdict: Verdict, why: str | None = None) -> None:
         why = f"live verification in round {state.round}: {why or verdict.describe()}"
-        sha = self.repo.revert(pending.merge, why)
+        sha = self.repo.revert_of(pending.merge) or self.repo.revert(pending.merge, why)
+        crash_point("coevolve.reverted", pending.branch)
         self.console.print(f"[red]reverted[/] {pending.branch} ({sha[:8]}): {why}")
         self._save_skill(pending, "failed", verdict, state)
         self._revise_diagnostics(state, pending, verdict)
@@ -355,12 +366,15 @@ class Coevolution:
         if FAILURE_PROBE in sources.get("diagnostics.py", ""):
             return
         new = sources["diagnostics.py"].rstrip("\n") + "\n\n" + failure_reward_probe(FAILURE_PROBE)
-        cand = self.repo.propose(
-            state.round, f"probe-{FAILURE_PROBE.replace('_', '-')}", {"diagnostics.py": new},
-            diagnosis=f"{pending.branch} passed its backtest on {pending.target} but {verdict.describe()}",
-            targets="diagnostics",
-            expected=f"alert when verified failures earn training reward, as under {pending.branch}")
-        self.repo.promote(cand.branch, "diagnostics revision after a live contradiction")
+        slug = f"probe-{FAILURE_PROBE.replace('_', '-')}"
+        branch = f"candidate/{state.round}-{slug}"
+        if branch not in self.repo.candidates():  # else a kill came between propose and promote
+            branch = self.repo.propose(
+                state.round, slug, {"diagnostics.py": new},
+                diagnosis=f"{pending.branch} passed its backtest on {pending.target} but {verdict.describe()}",
+                targets="diagnostics",
+                expected=f"alert when verified failures earn training reward, as under {pending.branch}").branch
+        self.repo.promote(branch, "diagnostics revision after a live contradiction")
 
 
 def _decisive(reasons: list[str]) -> str:

@@ -334,6 +334,34 @@ class HarnessRepo:
             raise HarnessRepoError(f"{self.path}: {action} needs a clean working tree; "
                                    f"uncommitted changes:\n{dirty}")
 
+    def promotion_of(self, branch: str) -> str | None:
+        """The merge commit on main that promoted `branch`, or None."""
+        return next((c.sha for c in self.log(first_parent=True)
+                     if c.is_merge and c.trailers.get("Candidate") == branch), None)
+
+    def revert_of(self, sha: str) -> str | None:
+        """The commit on main that reverted commit `sha`, or None."""
+        return next((c.sha for c in self.log(first_parent=True) if c.trailers.get("Reverts") == sha), None)
+
+    def recover(self) -> list[str]:
+        """Clear what a process killed in the middle of a git command left in the repo (a stale
+        index lock, a merge or revert in progress, a half-updated working tree), so the next
+        command starts from main's last commit. Only for a repo no other process is using; a
+        dirty working tree with no sign of a killed git command is a person's, and stays."""
+        done = []
+        lock = Path(self.repo.git_dir) / "index.lock"
+        if lock.exists():
+            lock.unlink()
+            done.append("removed a stale index.lock")
+        for head, what in (("MERGE_HEAD", "merge"), ("REVERT_HEAD", "revert")):
+            if (Path(self.repo.git_dir) / head).exists():
+                self._git(what, "--abort")
+                done.append(f"aborted an unfinished {what}")
+        if done and self._has(MAIN) and self._git("status", "--porcelain", "--untracked-files=no"):
+            self._git("reset", "--hard", "--quiet", MAIN)
+            done.append("reset a half-updated working tree to main")
+        return done
+
     def promote(self, branch: str, reason: str) -> str:
         """`git merge --no-ff` the candidate into main; the message repeats its trailers."""
         reason = _one_line(reason, "reason")

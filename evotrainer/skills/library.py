@@ -464,6 +464,9 @@ def save_learned(workdir: Path | str, skill: Skill, status: str,
         if unknown:
             raise SkillError(f"evidence key(s) {', '.join(unknown)} not one of {', '.join(EVIDENCE_KEYS)}")
     dest = Path(workdir) / "skills" / skill.name
+    old = dest.with_name(f".{skill.name}.old")
+    if old.is_dir() and not dest.exists():  # a kill came between the two renames below
+        old.rename(dest)
     prior = skill
     if (dest / SKILL_FILE).is_file():
         try:
@@ -471,6 +474,8 @@ def save_learned(workdir: Path | str, skill: Skill, status: str,
         except SkillError:
             pass
     plain = [yaml.safe_load(yaml.safe_dump(dict(e))) for e in entries]  # JSON-ish types only
+    # The same evidence twice is one fact (a resumed run saving what its killed attempt saved).
+    plain = [e for i, e in enumerate(plain) if e not in prior.evidence and e not in plain[:i]]
     updated = replace(skill, status=status, evidence=tuple(prior.evidence) + tuple(plain))
     staging = dest.with_name(f".{skill.name}.tmp")
     if staging.exists():
@@ -483,7 +488,6 @@ def save_learned(workdir: Path | str, skill: Skill, status: str,
     (staging / SKILL_FILE).write_text(yaml.safe_dump(updated.to_yaml(), sort_keys=False, allow_unicode=True),
                                       encoding="utf-8")
     if dest.exists():  # swapped in whole, so a crash never leaves a half-written skill
-        old = dest.with_name(f".{skill.name}.old")
         if old.exists():
             shutil.rmtree(old)
         dest.rename(old)

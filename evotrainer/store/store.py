@@ -20,6 +20,7 @@ from evotrainer.store.models import Lesson, LessonEmbedding
 # Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
 _IN_CHUNK = 500
 ROLLOUT_SEQ = "rollout_seq"  # the Counter row that rollout seqs are drawn from
+ABANDONED_SUFFIX = "~abandoned"  # the sibling run that holds the rows of crashed round attempts
 _SCHEMA_LOCK = 0x65766F74  # PostgreSQL advisory-lock key of schema creation ("evot")
 
 
@@ -229,6 +230,51 @@ class Store:
             s.add(rnd)
             s.flush()
             return rnd.id
+
+    def begin_round(self, run_id: int, index: int, harness_version: str, model_version: str) -> int:
+        """Start round `index` of a run for training, or start it over after a crash.
+
+        A round that was started but never finished holds the rollouts (and perhaps evals) of
+        an attempt that died. Training starts the round again from its first step, so that
+        attempt is set aside in the same transaction: its rows move to a round of the sibling
+        run `<name>~abandoned` (kept, marked with where they came from, and never read as this
+        run's), and the round starts empty. Every stage then reads each round's rollouts once.
+        """
+        with self._session.begin() as s:
+            rnd = s.scalar(select(Round).where(Round.run_id == run_id, Round.index == index))
+            if rnd is None:
+                rnd = Round(run_id=run_id, index=index, harness_version=harness_version,
+                            model_version=model_version)
+                s.add(rnd)
+                s.flush()
+                return rnd.id
+            if rnd.finished_at is not None:
+                raise ValueError(f"round {index} of run {run_id} is finished: it cannot start again")
+            self._set_aside(s, rnd)
+            rnd.harness_version, rnd.model_version, rnd.started_at = harness_version, model_version, utcnow()
+            return rnd.id
+
+    def _set_aside(self, s: Session, rnd: Round) -> None:
+        stored = s.scalar(select(func.count()).select_from(RolloutRow).where(RolloutRow.round_id == rnd.id))
+        evals = s.scalar(select(func.count()).select_from(Eval).where(Eval.round_id == rnd.id))
+        if not stored and not evals:
+            return
+        run = self._get(s, Run, rnd.run_id)
+        name = f"{run.name}{ABANDONED_SUFFIX}"
+        aside = s.scalar(select(Run).where(Run.name == name))
+        if aside is None:
+            aside = Run(name=name, domain=run.domain, config={}, status="abandoned")
+            s.add(aside)
+            s.flush()
+        attempt = (s.scalar(select(func.max(Round.index)).where(Round.run_id == aside.id)) or 0) + 1
+        home = Round(run_id=aside.id, index=attempt, harness_version=rnd.harness_version,
+                     model_version=rnd.model_version, started_at=rnd.started_at, finished_at=utcnow(),
+                     metrics={"abandoned": {"run": run.name, "round": rnd.index,
+                                            "rollouts": stored, "evals": evals}})
+        s.add(home)
+        s.flush()
+        s.execute(update(RolloutRow).where(RolloutRow.round_id == rnd.id).values(run_id=aside.id, round_id=home.id))
+        s.execute(update(Eval).where(Eval.round_id == rnd.id).values(run_id=aside.id, round_id=home.id))
 
     def finish_round(self, round_id: int, metrics: dict, adapter_path: str | None) -> None:
         with self._session.begin() as s:

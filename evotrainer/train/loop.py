@@ -255,7 +255,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     from evotrainer.experience import ExperiencePool
     from evotrainer.experience.inject import ExperienceInjector
     from evotrainer.train.grpo import HarnessGRPOTrainer
-    from evotrainer.train.progress import ProgressCallback
+    from evotrainer.train.progress import CrashPointCallback, ProgressCallback
     from evotrainer.train.recorder import RolloutRecorder, RoundContext
 
     cfg = session.config
@@ -263,7 +263,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     adapters = session.workdir / "adapters" / cfg.run_name
     prev = Path(start) if start else (adapters / f"round-{index - 1}" if index > 0 else None)
     model_version = adapter_version(prev if prev and prev.is_dir() else None)
-    round_id = share(session.store.start_round(session.run_id, index, session.harness.version, model_version)
+    round_id = share(session.store.begin_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed, index)
     rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
@@ -295,7 +295,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     trainer = HarnessGRPOTrainer(
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        recorder=recorder, callbacks=[callback], experience=experience, **scaffold_kwargs,
+        recorder=recorder, callbacks=[callback, CrashPointCallback(cfg.run_name)], experience=experience, **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     started = time.perf_counter()

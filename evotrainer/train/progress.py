@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from transformers import TrainerCallback
 
+from evotrainer.crashpoints import crash_point
+
 
 def make_progress(console) -> Progress:
     return Progress(
@@ -31,3 +33,18 @@ class ProgressCallback(TrainerCallback):
         info = (f"reward {logs['reward']:.3f}  success {logs.get('verified/success', 0):.2f}  "
                 f"kept {logs.get('harness/kept_ratio', 1):.2f}  step {logs.get('step_time', 0):.1f}s")
         self.progress.update(self.task_id, info=info)
+
+
+class CrashPointCallback(TrainerCallback):
+    """Crash points inside a training round (evotrainer/crashpoints.py): `train.mid_step` after a
+    step's rollouts are stored and its loss is backpropagated but before the optimizer steps,
+    `train.step_end` between two steps. Qualified by the run name."""
+
+    def __init__(self, run: str):
+        self.run = run
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        crash_point("train.mid_step", self.run)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        crash_point("train.step_end", self.run)
