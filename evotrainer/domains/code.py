@@ -220,9 +220,16 @@ def check_code(task: Task, completion: str, truncated: bool, *, timeout_s: float
         if _SUSPICIOUS.search(code):  # lint with a clear name; the boundary is code_check.py
             return Outcome(False, 0.0, "tampering", ("suspicious_code",))
         return run_hidden_tests(code, list(task.meta["tests"]), entry=entry or "", setup=task.meta.get("setup", ""),
-                                prefix=prefix, reference=task.answer, timeout_s=timeout_s, flags=flags)
+                                prefix=prefix, reference=task.answer, timeout_s=timeout_s, flags=flags,
+                                hide=_task_files(task))
     except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
         return Outcome(False, 0.0, "error", ("checker_error",))
+
+
+def _task_files(task: Task) -> list[str]:
+    """The file a task came from holds its expected answers: the solution must not read it."""
+    source = task.meta.get("source")
+    return [source] if isinstance(source, str) and source != "procedural" and Path(source).is_file() else []
 
 
 # ---------------------------------------------------------------- the domain

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -163,16 +165,18 @@ class _Failed(Exception):
 
 
 def run_hidden_tests(code: str, tests: Sequence[str], *, entry: str, setup: str = "", prefix: str = "",
-                     reference: str = "", timeout_s: float, flags: Sequence[str] = ()) -> Outcome:
+                     reference: str = "", timeout_s: float, flags: Sequence[str] = (),
+                     hide: Sequence[str] = ()) -> Outcome:
     """Score `prefix + code` on the hidden test programs; see the module docstring. Never trusts the
-    solution's process for anything but claimed return values."""
+    solution's process for anything but claimed return values. `hide`: host paths that hold the
+    tests (a task file), covered for the solution's process."""
     flags = list(flags)
     plans: list[Plan | None] = [convert(t, entry, setup) for t in tests]
     replayed = [i for i, p in enumerate(plans) if p is None]
     try:
         records = _recorded(reference, [tests[i] for i in replayed], entry, setup, timeout_s) if replayed else []
         calls, where = _batch(plans, replayed, records, setup)
-        report = _answer(prefix + code, entry, calls, timeout_s, flags)
+        report = _answer(prefix + code, entry, calls, timeout_s, flags, hide)
     except _Failed as failed:
         return failed.outcome
     if report["load_error"]:
@@ -231,9 +235,11 @@ def _plan_passes(plan: Plan, answers: list) -> bool:
     return True
 
 
-def _answer(code: str, entry: str, calls: list[dict], timeout_s: float, flags: list[str]) -> dict:
+def _answer(code: str, entry: str, calls: list[dict], timeout_s: float, flags: list[str],
+            hide: Sequence[str]) -> dict:
     """The solution's claimed return values, each a well-formed ["ok", node] or ["err", name]."""
-    sb, raw = _sandboxed(_ANSWER, {"code": code, "entry": entry, "calls": calls}, timeout_s)
+    sb, raw = _sandboxed(_ANSWER, {"code": code, "entry": entry, "calls": calls}, timeout_s,
+                         hide=[*_own_sources(), *hide])
     if sb.timed_out:
         raise _Failed(Outcome(False, 0.0, "timeout", tuple(flags)))
     try:
@@ -288,13 +294,27 @@ def _replay(prefix: str, entry: str, items: list[tuple[str, list | None, list]],
     return [v if v is None else str(v) for v in verdicts] + unreplayable
 
 
-def _sandboxed(script: str, payload: dict[str, Any], timeout_s: float):
+@lru_cache(maxsize=1)
+def _own_sources() -> tuple[str, ...]:
+    """Our package's folders (the one imported and an editable install's): they hold the generator
+    of every procedural reference, so the solution's process must not import them."""
+    found = {str(Path(__file__).resolve().parents[1])}
+    try:
+        url = json.loads(metadata.distribution("evotrainer").read_text("direct_url.json") or "{}").get("url", "")
+        if url.startswith("file://"):
+            found.add(str(Path(url[len("file://"):]) / "evotrainer"))
+    except (metadata.PackageNotFoundError, ValueError, AttributeError):
+        pass
+    return tuple(sorted(found))
+
+
+def _sandboxed(script: str, payload: dict[str, Any], timeout_s: float, hide: Sequence[str] = ()):
     """One sandboxed `python -I -c script` with `payload` on stdin; (result, its report's bytes)."""
     from evotrainer.sandbox import run_sandboxed
 
     name = f"r-{secrets.token_hex(12)}.json"
     sb = run_sandboxed([sys.executable, "-I", "-c", script], timeout_s=timeout_s, mem_mb=512, nproc=8, fsize_mb=16,
-                       env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode())
+                       env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode(), hide=hide)
     if sb.launch_error:
         raise _Failed(Outcome(False, 0.0, "error", ("sandbox_error",)))
     return sb, sb.outputs.get(name, b"")
