@@ -333,3 +333,15 @@ def test_python_equality_of_plain_values_is_kept(domain, files):
     tuple_task = task_from_key(KEY, 0.2)
     outcome = domain.check(tuple_task, fenced("def keep_if(nums):\n    return tuple(x for x in nums if x > 3)\n"), False)
     assert outcome.kind == "wrong"
+
+
+def test_honest_subclasses_of_plain_types_pass_by_their_value(domain, task, files):
+    """A Counter, a namedtuple or an IntEnum is judged by the plain value it holds, as `==` judged it."""
+    tasks, _ = files
+    subclassed = ("class Picked(list):\n    def __eq__(self, other):\n        return True\n"
+                  "def keep_if(nums):\n    return Picked(x for x in nums if x > 3)\n")
+    assert domain.check(task, fenced(subclassed), False).kind == "ok"  # its rigged __eq__ never ran: the value is right
+    enum = "import enum\nclass N(enum.IntEnum):\n    pass\ndef minimum(a, b):\n    return N('M', [('v', min(a, b))]).v\n"
+    assert domain.check(tasks["minimum"], fenced(enum), False).kind == "ok"
+    counted = "import collections\ndef letters(w):\n    return list(collections.Counter(w))\n"
+    assert domain.check(tasks["letters"], fenced(counted), False).kind == "ok"

@@ -6,9 +6,11 @@ trusted side and is the part that must hold: it accepts only the exact tagged sh
 builds fresh builtin objects (None, bool, int, float, complex, str, bytes, list, tuple, dict,
 set, frozenset), so no object the solution made, and no class it defined, ever crosses.
 
-The type test is `type(v) is T`, never isinstance: an `int` subclass with a rigged `__eq__` is
-not an int here, it is unsupported. Ints travel as hex text (no digit limit on either side),
-floats as `float.hex` (exact, NaN and infinities included).
+An instance of a subclass (a Counter, a namedtuple, an IntEnum, or an `int` with a rigged
+`__eq__`) is sent as the plain value its base type holds, read through the base type's own
+methods: honest answers keep the equality they had, and a rigged comparison never runs. The class
+is read with `type()`, which a `__class__` property cannot fake. Ints travel as hex text (no
+digit limit on either side), floats as `float.hex` (exact, NaN and infinities included).
 
 This file imports only the standard library: the sandboxed scripts get its source prepended.
 """
@@ -29,21 +31,23 @@ def encode(value, depth=0):
         return ["N"]
     if t is bool:
         return ["b", 1 if value else 0]
-    if t is int:
-        return ["i", format(value, "x")]
-    if t is float:
-        return ["f", value.hex()]
-    if t is complex:
-        return ["c", value.real.hex(), value.imag.hex()]
-    if t is str:
-        return ["s", value]
-    if t is bytes:
-        return ["y", value.hex()]
-    if t is dict:
-        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
+    if issubclass(t, int):
+        return ["i", format(int.__int__(value), "x")]
+    if issubclass(t, float):
+        return ["f", float.hex(float.__float__(value))]
+    if issubclass(t, complex):
+        return ["c", float.hex(complex.real.__get__(value)), float.hex(complex.imag.__get__(value))]
+    if issubclass(t, str):
+        return ["s", str.__str__(value)]
+    if issubclass(t, bytes):
+        return ["y", bytes.hex(value)]
+    if issubclass(t, dict):
+        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in dict.items(value)]]
     for tag, seq in _SEQ_TAGS.items():
-        if t is seq:
-            return [tag, [encode(v, depth + 1) for v in value]]
+        if issubclass(t, seq):
+            return [tag, [encode(v, depth + 1) for v in seq.__iter__(value)]]
+    if t.__module__ == "numpy" and getattr(value, "ndim", None) == 0:  # a numpy scalar: its Python value
+        return encode(value.item(), depth + 1)
     raise Unencodable(t.__name__)
 
 

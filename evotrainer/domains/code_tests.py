@@ -34,6 +34,7 @@ _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.Lt
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
         ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
 _NUMBER = (bool, int, float, complex)
+RAISED = object()  # the value of a call that raised in the sandbox: using it fails the assert
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,8 @@ def holds(check: Check, values: Sequence[Any]) -> bool:
 
 def _eval(node: ast.AST, slots: dict[int, Any]) -> Any:
     if id(node) in slots:
+        if slots[id(node)] is RAISED:
+            raise RuntimeError("the call raised")
         return slots[id(node)]
     ev = lambda n: _eval(n, slots)  # noqa: E731
     if isinstance(node, ast.Constant):
