@@ -321,6 +321,8 @@ def test_humaneval_runs_after_its_prompt(domain, files):
     assert domain.check(add_all, fenced("def add_all(numbers: List[float]) -> float:\n    return _total(numbers)\n"),
                         False).kind == "ok"
     assert domain.check(add_all, fenced("    return _total(numbers)\n"), False).kind == "ok"
+    assert domain.check(add_all, "    return _total(numbers)\n", False).kind == "ok"  # a raw continuation
+    assert domain.check(add_all, "    return 0\n", False).kind == "wrong"
     replayed = domain.check(files[0]["find_zero"], fenced(HE_REPLAYED["canonical_solution"]), False)
     assert replayed.kind == "ok" and "replayed" in replayed.flags
 

@@ -198,16 +198,27 @@ def extract_code(completion: str, entry: str | None = None) -> tuple[str | None,
     return "\n".join(lines), False
 
 
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "solution.py", "exec")
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
 def check_code(task: Task, completion: str, truncated: bool, *, timeout_s: float = TIMEOUT_S) -> Outcome:
     """Run the hidden tests on the completion's code in the sandbox. Never raises."""
     try:
         if not isinstance(completion, str) or not completion.strip():
             return Outcome(False, 0.0, "empty")
         entry = task.meta.get("entry_point")
-        code, ended = extract_code(completion, entry)
+        prefix = task.meta.get("prefix", "")  # HumanEval: the prompt runs first, as its harness does
+        if prefix and "```" not in completion and _compiles(prefix + completion):
+            code, ended = completion, True  # a plain continuation of the prompt, as HumanEval's own samples are
+        else:
+            code, ended = extract_code(completion, entry)
         if code is None or not code.strip():
             return Outcome(False, 0.0, "truncated" if truncated else "format_error")
-        prefix = task.meta.get("prefix", "")  # HumanEval: the prompt runs first, as its harness does
         try:
             compile(prefix + code, "solution.py", "exec")
         except (SyntaxError, ValueError):

@@ -188,7 +188,7 @@ def run_hidden_tests(code: str, tests: Sequence[str], *, entry: str, setup: str 
     if replayed:
         try:
             verdicts = _replay(prefix, entry, [(setup + "\n" + tests[i], records[k], [answers[j] for j in where[i]])
-                                               for k, i in enumerate(replayed)], timeout_s)
+                                               for k, i in enumerate(replayed)], timeout_s, flags)
         except _Failed as failed:
             return failed.outcome
         passed += sum(1 for v in verdicts if v is None)
@@ -198,7 +198,8 @@ def run_hidden_tests(code: str, tests: Sequence[str], *, entry: str, setup: str 
     return Outcome(False, passed / len(tests), "wrong", tuple(flags))
 
 
-def _batch(plans: list[Plan | None], replayed: list[int], records: list, setup: str) -> tuple[list[dict], dict[int, list[int]]]:
+def _batch(plans: list[Plan | None], replayed: list[int], records: list,
+           setup: str) -> tuple[list[dict], dict[int, list[int]]]:
     """Every call of every test program in one list, and which indices belong to which program."""
     calls: list[dict] = []
     where: dict[int, list[int]] = {}
@@ -277,13 +278,14 @@ def _recorded(reference: str, programs: list[str], entry: str, setup: str, timeo
     return [_records.get(k) for k in keys]
 
 
-def _replay(prefix: str, entry: str, items: list[tuple[str, list | None, list]], timeout_s: float) -> list:
+def _replay(prefix: str, entry: str, items: list[tuple[str, list | None, list]], timeout_s: float,
+            flags: list[str]) -> list:
     """The original tests, run in a fresh process against the solution's recorded answers."""
     programs = [{"source": src, "calls": calls or [], "answers": answers} for src, calls, answers in items
                 if calls is not None]
     sb, raw = _sandboxed(_REPLAY, {"prefix": prefix, "entry": entry, "programs": programs}, timeout_s)
     if sb.timed_out:
-        raise _Failed(Outcome(False, 0.0, "timeout", ()))
+        raise _Failed(Outcome(False, 0.0, "timeout", tuple(flags)))
     try:
         verdicts = json.loads(raw)
         if not (isinstance(verdicts, list) and len(verdicts) == len(programs)):
