@@ -347,3 +347,34 @@ def test_honest_subclasses_of_plain_types_pass_by_their_value(domain, task, file
     assert domain.check(tasks["minimum"], fenced(enum), False).kind == "ok"
     counted = "import collections\ndef letters(w):\n    return list(collections.Counter(w))\n"
     assert domain.check(tasks["letters"], fenced(counted), False).kind == "ok"
+
+
+def test_the_decoder_builds_only_builtins_from_exact_shapes():
+    from evotrainer.domains.code_plain import decode, encode
+
+    values = [None, True, 0, -2**200, 1.5, float("inf"), 2j, "é\ud800", b"\x00", [1, (2, {3})], {"k": frozenset({4})}]
+    for value in values:
+        back = decode(json.loads(json.dumps(encode(value))))
+        assert back == value and type(back) is type(value)
+    for bad in (["b", True], ["i", 5], ["x"], ["l", [["N"]], 1], ["d", [[["l", []], ["N"]]]], "s", [], ["f", 1.0],
+                ["s", 1], ["l", "ab"], ["i", "1" * (1 + (1 << 20))]):
+        with pytest.raises((ValueError, TypeError)):
+            decode(bad)
+    nested: list = ["N"]
+    for _ in range(100):
+        nested = ["l", [nested]]
+    with pytest.raises(ValueError):
+        decode(nested)
+
+
+def test_asserts_become_calls_and_trusted_checks():
+    from evotrainer.domains.code_tests import convert
+
+    plan = convert("assert math.isclose(area(2), 12.566, rel_tol=0.01)", "area")
+    assert plan.checks[0].calls == ("area(2)",)  # the expected side stays with us
+    he = convert("def check(candidate):\n    import math\n    assert candidate([1]) == 1, 'msg'\n\ncheck(f)\n", "f")
+    assert he.alias == "candidate" and he.setup == "import math" and he.checks[0].calls == ("candidate([1])",)
+    for unconvertible in ("assert f(1) == helper(2)", "assert [f(x) for x in (1, 2)] == [1, 2]", "assert f",
+                          "def check(c):\n    for x in (1, 2):\n        assert c(x) == x\n\ncheck(f)\n",
+                          "assert f(1) == 2 ** 100"):
+        assert convert(unconvertible, "f") is None, unconvertible

@@ -91,6 +91,8 @@ def _humaneval(tree: ast.Module, program: str, entry: str, setup: str) -> Plan:
             for inner in stmt.body:
                 if isinstance(inner, ast.Assert):
                     checks.append(_check(inner.test, names, program))
+                elif isinstance(inner, (ast.Import, ast.ImportFrom)):  # `import math` inside check()
+                    kept.append(ast.get_source_segment(program, inner) or "")
                 elif not (isinstance(inner, (ast.Pass, ast.Expr)) and _is_constant_stmt(inner)):
                     raise NotConvertible(f"check() holds a {type(inner).__name__}")
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)) or _is_constant_stmt(stmt):
