@@ -378,3 +378,17 @@ def test_asserts_become_calls_and_trusted_checks():
                           "def check(c):\n    for x in (1, 2):\n        assert c(x) == x\n\ncheck(f)\n",
                           "assert f(1) == 2 ** 100"):
         assert convert(unconvertible, "f") is None, unconvertible
+
+
+def test_an_answer_that_a_replayed_test_would_eval(tmp_path, domain):
+    """The replaying process runs no solution code, even when a test evals what the solution returned."""
+    row = {"task_id": "HumanEval/902", "entry_point": "expr", "prompt": "def expr(n):\n    \"\"\"A Python expression for n.\"\"\"\n",
+           "canonical_solution": "    return repr(n)\n",
+           "test": "def check(candidate):\n    for n in (1, 2):\n        assert eval(candidate(n)) == n\n"}
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    [task] = load_jsonl(path, heldout_fraction=0.01)
+    forge = ("import json\nPAYLOAD = (\"[open(p, 'w').write('[null]') for p in [l.split('=', 1)[1] for l in \"\n"
+             "           \"open('/proc/self/environ').read().split(chr(0)) if l.startswith('EVO_RESULT=')]] \"\n"
+             "           \"and __import__('os')._exit(0)\")\ndef expr(n):\n    return PAYLOAD\n")
+    assert_forgery_fails(domain, task, forge)

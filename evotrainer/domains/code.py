@@ -1,4 +1,4 @@
-"""The code domain: write one Python function; hidden asserts run in the sandbox decide.
+"""The code domain: write one Python function; hidden tests, judged outside the solution's sandbox, decide.
 
 Tasks come from a seeded generator (levels 0-2: simple arithmetic and string functions, list
 processing, small algorithms) or from MBPP/HumanEval-style JSONL. As in math.py, a canonical key

@@ -117,7 +117,7 @@ _main()
 
 # A fresh process that never ran the solution: the original tests against its recorded answers.
 _REPLAY = _CODEC + r'''
-import json, os, sys
+import builtins, json, os, sys
 
 
 class Diverged(Exception):
@@ -140,7 +140,9 @@ def _main():
                 raise Diverged("the solution raised " + str(answers[i][1]))
             return decode(answers[i][1])
 
-        ns = {"__name__": "hidden_test"}
+        # The answers are plain data, but a test that evals one would run the solution's text here.
+        ns = {"__name__": "hidden_test", "__builtins__": {k: v for k, v in vars(builtins).items()
+                                                          if k not in ("eval", "exec", "compile", "breakpoint")}}
         try:
             exec(compile(data["prefix"], "prompt.py", "exec"), ns)
             ns[data["entry"]] = stub
