@@ -228,3 +228,29 @@ def test_check_never_raises():
     for completion in junk:
         assert check_answer("12", completion, False).kind in ("empty", "format_error", "wrong")
     assert check_answer("not a number", "12", False).kind == "error"
+
+
+@pytest.mark.parametrize("tweak", ["low_precision", "trap_rounding", "no_invalid_trap", "tiny_exponent"])
+def test_check_ignores_the_process_decimal_context(tmp_path, tweak):
+    """Another library (a task pack, a user's harness) changing the thread's decimal context must not
+    turn a true answer wrong, a wrong one true, or the check into a crash."""
+    import decimal
+
+    path = _write_jsonl(tmp_path / "gsm.jsonl", [{"question": "How many ants?", "answer": "Count.\n#### 1,234,567.5"},
+                                                 {"question": "How many bees?", "answer": "#### 120"}])
+    with decimal.localcontext() as ctx:
+        if tweak == "low_precision":
+            ctx.prec = 3
+        elif tweak == "trap_rounding":
+            ctx.prec, ctx.traps[decimal.Rounded], ctx.traps[decimal.Inexact] = 2, True, True
+        elif tweak == "no_invalid_trap":
+            ctx.traps[decimal.InvalidOperation] = False
+        else:
+            ctx.Emax, ctx.Emin = 2, -2
+        ants, bees = load_gsm8k(path)
+        assert (ants.answer, bees.answer) == ("1234567.5", "120")
+        assert check_answer(ants.answer, "So #### 1234567.50", False).kind == "ok"
+        assert check_answer(ants.answer, "So #### 1234567", False).kind == "wrong"
+        assert check_answer(bees.answer, "Answer: 120", False).kind == "ok"
+        assert check_answer(bees.answer, "Answer: 1.2e2", False).kind in ("ok", "wrong", "format_error")
+        assert check_answer(bees.answer, "Answer: 121", False).kind == "wrong"

@@ -1,4 +1,4 @@
-"""The code domain: write one Python function; hidden asserts run in the sandbox decide.
+"""The code domain: write one Python function; hidden tests, judged outside the solution's sandbox, decide.
 
 Tasks come from a seeded generator (levels 0-2: simple arithmetic and string functions, list
 processing, small algorithms) or from MBPP/HumanEval-style JSONL. As in math.py, a canonical key
@@ -10,10 +10,10 @@ answers on inputs drawn from the key, so the reference passes them by constructi
 it in the sandbox anyway).
 
 The check: code is taken from the last ```python block that defines the function (or the raw
-text), then a trusted runner executes it in the sandbox and runs each hidden assert. The asserts
-reach the runner on stdin, never as a file the code could read; the runner keeps them in a
-function's locals, and its verdict counts only with the run's nonce and exit code 0. Code that
-reaches for frames or the interpreter's objects (`sys._getframe`, `gc`, `__main__`) is `tampering`.
+text; for HumanEval it runs after the prompt, as that harness does). The solution's sandboxed
+process only answers the tests' calls with plain data; the trusted side compares (code_check.py).
+Code that reaches for frames or the interpreter's objects (`sys._getframe`, `gc`, `__main__`) is
+`tampering`: a clear name for a lint, not the boundary.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import hashlib
 import json
 import random
 import re
-import secrets
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
+from evotrainer.domains.code_check import run_hidden_tests
 from evotrainer.domains.code_problems import _BY_NAME, FAMILIES, Family  # noqa: F401  (re-exported)
 from evotrainer.domains.math import split_of, task_id_of
 
@@ -157,7 +156,8 @@ def _humaneval_task(row: dict, where: str, heldout_fraction: float) -> Task:
     key = "humaneval:" + " ".join(stub.split())
     prompt = f"Complete the Python function `{entry}`:\n\n{stub.rstrip()}\n"
     return Task(task_id_of(key, "code-he"), DOMAIN, split_of(key, heldout_fraction), _level_of(body), prompt,
-                stub + body, {"key": key, "entry_point": entry, "tests": (f"{test}\n\ncheck({entry})\n",), "setup": ""})
+                stub + body, {"key": key, "entry_point": entry, "tests": (f"{test}\n\ncheck({entry})\n",), "setup": "",
+                              "prefix": stub})
 
 
 # ---------------------------------------------------------------- the trusted check
@@ -169,39 +169,6 @@ _CODE_START = re.compile(r"^(?:def |class |import |from |@)", re.M)
 _SUSPICIOUS = re.compile(r"\b_getframe\b|\bf_back\b|\bf_locals\b|\bf_globals\b|\btb_frame\b|\bco_consts\b"
                          r"|inspect\.(?:stack|currentframe|trace)|\bgc\.get_objects\b|\bget_referrers\b|\bos\._exit\b"
                          r"|EVO_RESULT|sys\.stdin|import\s+__main__|modules\s*\[\s*['\"]__main__")
-
-_RUNNER = r"""
-import json, os, sys, types
-
-
-def _main():  # everything in locals: `import __main__` finds no tests, nonce or path
-    out = os.environ.pop("EVO_RESULT")
-    data = json.loads(sys.stdin.buffer.read())
-    sys.stdin.close()
-    nonce, tests, setup = data["nonce"], data["tests"], data["setup"]
-    mod = types.ModuleType("solution")
-    mod.__file__ = "solution.py"
-    sys.modules["solution"] = mod
-    results, load = [], None
-    try:
-        exec(compile(data.pop("code"), "solution.py", "exec"), mod.__dict__)
-    except BaseException as e:
-        load = "%s: %s" % (type(e).__name__, str(e)[:200])
-    if load is None:
-        for t in tests:
-            ns = dict(mod.__dict__)
-            try:
-                exec(compile(setup + "\n" + t, "hidden_test", "exec"), ns)
-                results.append(None)
-            except BaseException as e:
-                results.append(type(e).__name__)
-    with open(out, "w") as f:
-        json.dump({"nonce": nonce, "load_error": load, "results": results}, f)
-
-
-_main()
-"""
-
 
 def extract_code(completion: str, entry: str | None = None) -> tuple[str | None, bool]:
     """(the code in a completion or None, whether it ended properly).
@@ -231,59 +198,49 @@ def extract_code(completion: str, entry: str | None = None) -> tuple[str | None,
     return "\n".join(lines), False
 
 
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "solution.py", "exec")
+        return True
+    except (SyntaxError, ValueError):
+        return False
+
+
 def check_code(task: Task, completion: str, truncated: bool, *, timeout_s: float = TIMEOUT_S) -> Outcome:
     """Run the hidden tests on the completion's code in the sandbox. Never raises."""
     try:
         if not isinstance(completion, str) or not completion.strip():
             return Outcome(False, 0.0, "empty")
         entry = task.meta.get("entry_point")
-        code, ended = extract_code(completion, entry)
+        prefix = task.meta.get("prefix", "")  # HumanEval: the prompt runs first, as its harness does
+        if prefix and "```" not in completion and _compiles(prefix + completion):
+            code, ended = completion, True  # a plain continuation of the prompt, as HumanEval's own samples are
+        else:
+            code, ended = extract_code(completion, entry)
         if code is None or not code.strip():
             return Outcome(False, 0.0, "truncated" if truncated else "format_error")
         try:
-            compile(code, "solution.py", "exec")
+            compile(prefix + code, "solution.py", "exec")
         except (SyntaxError, ValueError):
             if truncated or not ended:
                 return Outcome(False, 0.0, "truncated")
             return Outcome(False, 0.0, "wrong", ("syntax_error",))
         flags: list[str] = []
-        if entry and not re.search(rf"^\s*def\s+{re.escape(entry)}\b", code, re.M):
+        if entry and not re.search(rf"^\s*def\s+{re.escape(entry)}\b", prefix + code, re.M):
             flags.append("missing_entry_point")
-        if _SUSPICIOUS.search(code):
+        if _SUSPICIOUS.search(code):  # lint with a clear name; the boundary is code_check.py
             return Outcome(False, 0.0, "tampering", ("suspicious_code",))
-        return _run_tests(code, list(task.meta["tests"]), task.meta.get("setup", ""), timeout_s, flags)
+        return run_hidden_tests(code, list(task.meta["tests"]), entry=entry or "", setup=task.meta.get("setup", ""),
+                                prefix=prefix, reference=task.answer, timeout_s=timeout_s, flags=flags,
+                                hide=_task_files(task))
     except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
         return Outcome(False, 0.0, "error", ("checker_error",))
 
 
-def _run_tests(code: str, tests: list[str], setup: str, timeout_s: float, flags: list[str]) -> Outcome:
-    from evotrainer.sandbox import run_sandboxed
-
-    nonce = secrets.token_hex(16)
-    result_name = f"r-{secrets.token_hex(12)}.json"
-    sb = run_sandboxed([sys.executable, "-I", "-c", _RUNNER], timeout_s=timeout_s, mem_mb=512, nproc=8, fsize_mb=16,
-                       env_extra={"EVO_RESULT": "{out}/" + result_name},
-                       stdin=json.dumps({"nonce": nonce, "code": code, "tests": tests, "setup": setup}).encode())
-    if sb.launch_error:
-        return Outcome(False, 0.0, "error", ("sandbox_error",))
-    if sb.timed_out:
-        return Outcome(False, 0.0, "timeout", tuple(flags))
-    try:
-        report = json.loads(sb.outputs[result_name])
-        ok = report["nonce"] == nonce and isinstance(report["results"], list)
-    except (KeyError, ValueError, TypeError):
-        ok = False
-    if not ok:
-        return Outcome(False, 0.0, "wrong", tuple(flags + ["no_report"]))
-    if report["load_error"]:
-        return Outcome(False, 0.0, "wrong", tuple(flags + ["load_error"]))
-    results = report["results"][: len(tests)]
-    passed = sum(1 for r in results if r is None)
-    if sb.returncode != 0:
-        return Outcome(False, 0.0, "wrong", tuple(flags + ["exit_code_mismatch"]))
-    if passed == len(tests):
-        return Outcome(True, 1.0, "ok", tuple(flags))
-    return Outcome(False, passed / len(tests), "wrong", tuple(flags))
+def _task_files(task: Task) -> list[str]:
+    """The file a task came from holds its expected answers: the solution must not read it."""
+    source = task.meta.get("source")
+    return [source] if isinstance(source, str) and source != "procedural" and Path(source).is_file() else []
 
 
 # ---------------------------------------------------------------- the domain

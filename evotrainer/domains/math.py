@@ -11,7 +11,7 @@ import hashlib
 import json
 import random
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_HALF_EVEN, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -233,17 +233,28 @@ def task_from_key(key: str, heldout_fraction: float) -> Task:
 # ---------------------------------------------------------------- GSM8K-style JSONL
 
 
+# Our own context, passed explicitly: the thread's current one belongs to whoever set it last (a
+# task library, a user's harness), and a lower precision there rounded true answers into wrong ones.
+_EXACT = Context(prec=MAX_PREC, rounding=ROUND_HALF_EVEN, Emax=MAX_EMAX, Emin=MIN_EMIN, capitals=1, clamp=0,
+                 flags=[], traps=[InvalidOperation])
+
+
 def _to_decimal(text: str) -> Decimal:
     """Exact value of '1,234', '12.50' or '−3'; raises InvalidOperation if not a finite number."""
-    value = Decimal(text.strip().replace(",", "").replace("\u2212", "-"))
+    value = _EXACT.create_decimal(text.strip().replace(",", "").replace("\u2212", "-"))
     if not value.is_finite():
         raise InvalidOperation(text)
     return value
 
 
+def _same_number(a: Decimal, b: Decimal) -> bool:
+    """Exact equality under our context (`==` would consult the thread's traps)."""
+    return a.compare(b, context=_EXACT).is_zero()
+
+
 def _canonical_number(text: str) -> str:
     """'1,234' -> '1234', '12.50' -> '12.5', '−3' -> '-3'; raises InvalidOperation if not a number."""
-    out = format(_to_decimal(text).normalize(), "f")
+    out = format(_to_decimal(text).normalize(context=_EXACT), "f")
     return "0" if out in ("-0", "0") else out
 
 
@@ -367,7 +378,7 @@ def check_answer(expected: str, completion: str, truncated: bool) -> Outcome:
             return Outcome(False, 0.0, "truncated")
         if number is None:
             return Outcome(False, 0.0, "format_error")
-        if _to_decimal(number) == _to_decimal(str(expected)):  # exact: "12.0" == "12"
+        if _same_number(_to_decimal(number), _to_decimal(str(expected))):  # exact: "12.0" == "12"
             return Outcome(True, 1.0, "ok", flags)
         return Outcome(False, 0.0, "wrong", flags)
     except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
