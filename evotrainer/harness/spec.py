@@ -29,6 +29,7 @@ from evotrainer.harness.errors import HarnessError
 
 SPEC_FILE = "harness.yaml"
 MAX_BYTES = 64 * 1024  # the seeds are ~1.5 KB; a bigger file is a mistake or an attack on the parser
+MAX_DEPTH = 8  # the seeds nest 2 deep; PyYAML composes recursively, so deep nesting costs seconds
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16
 SCALE_REWARDS = ("group", "batch", "none")
 # Loss types whose ratio is clipped to [1 - epsilon, 1 + epsilon_high] (TRL 1.16), where a wider
@@ -308,12 +309,26 @@ def _problem(error: Mapping[str, Any]) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _check_depth(text: str) -> None:
+    """Refuse nesting past MAX_DEPTH from the event stream, which PyYAML reads without recursion."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise HarnessError(f"{SPEC_FILE}: invalid YAML at line {event.start_mark.line + 1}: "
+                                   f"nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
 def parse_spec(text: str) -> HarnessSpec:
     """Parse and validate harness.yaml text (HarnessError naming the file and key)."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise HarnessError(f"{SPEC_FILE}: {len(text.encode('utf-8', 'surrogatepass'))} bytes, more than "
                            f"the {MAX_BYTES} a harness.yaml may hold")
     try:
+        _check_depth(text)
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
