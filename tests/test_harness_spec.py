@@ -148,6 +148,24 @@ def test_seed_harnesses_build_the_configs_they_built_before(tmp_path):
                                                        target_modules="all-linear", task_type="CAUSAL_LM").to_dict()
 
 
+def test_every_skill_renders_a_valid_harness_yaml_on_every_seed_it_applies_to():
+    from evotrainer.harness.loader import read_sources
+    from evotrainer.skills import SkillLibrary
+
+    checked = 0
+    for skill in SkillLibrary.load(None):
+        for domain in ("math", "code", "swe"):
+            if not skill.applies_to(domain):
+                continue
+            sources = read_sources(HARNESSES_DIR / domain)
+            for params in skill.grid_points():
+                text = skill.render(sources, params).get("harness.yaml")
+                if text is not None:
+                    parse_spec(text)
+                    checked += 1
+    assert checked >= 10  # the skills that edit harness.yaml, on each of their domains and grid points
+
+
 # ---------------------------------------------------------------- one regression test per hole
 
 
@@ -224,17 +242,24 @@ def test_a_key_given_twice_fails_instead_of_the_last_one_winning(tmp_path):
 
 
 def test_hostile_yaml_fails_cleanly_and_fast():
-    """Deep nesting, an alias bomb and a huge file are named load failures, never a hang or a traceback."""
+    """Deep nesting, an alias bomb, merge keys, unsafe tags, a 5000-digit integer and a huge file are
+    named load failures, never a hang, a traceback or a value that hides behind another."""
     for levels in (20000, 9):
         with pytest.raises(HarnessError, match="invalid YAML at line 1: nested deeper than 8 levels"):
             parse_spec("grpo: {top_k: " + "[" * levels + "]" * levels + "}")
     bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
-    with pytest.raises(HarnessError) as info:
-        parse_spec(bomb + "grpo: {top_k: *i}\n")  # 10**9 leaves if expanded
-    assert len(str(info.value)) < 2000 and "grpo.top_k: must be an integer in [0, 1000]" in str(info.value)
-    with pytest.raises(HarnessError, match="more than the 65536"):
-        parse_spec("# " + "x" * 70000 + "\ngrpo: {}\n")
+    for text, message in (
+        (bomb + "grpo: {top_k: *i}\n", "line 1: anchors and aliases (&, *) are not allowed"),  # 10**9 leaves
+        ("grpo: {<<: {num_generations: 64}, num_generations: 8}", "line 1: merge keys (<<) are not allowed"),
+        ("grpo: !!python/object/apply:os.system [id]", "line 1: could not determine a constructor"),
+        ("grpo: {num_generations: " + "9" * 5000 + "}", "invalid YAML: Exceeds the limit"),
+        ("# " + "x" * 70000 + "\ngrpo: {}\n", "70012 bytes, more than the 65536"),
+        ("grpo: {num_generations: 8}\x00", "invalid YAML: unacceptable character"),
+    ):
+        with pytest.raises(HarnessError) as info:
+            parse_spec(text)
+        assert message in str(info.value) and len(str(info.value)) < 300, str(info.value)[:300]
 
 
 def test_reward_weights_are_bounded_and_named():
@@ -275,3 +300,31 @@ def test_the_same_fix_with_an_in_bounds_change_is_still_promoted(ws):  # noqa: F
                              **{"harness.yaml": yaml_edit(num_generations=64, lora_rank=256, top_p=0.95)}))
     assert report["decision"] == "promote", report["reasons"]
     assert report["failure"] is None
+
+
+# ---------------------------------------------------------------- training
+
+
+@pytest.mark.slow
+def test_a_round_trains_with_the_knobs_that_were_dropped_before(tmp_path, embedded_model_dir):
+    """What now reaches TRL must also train: one real round of the tiny config with each of them set."""
+    import json
+
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR
+    from evotrainer.store import Store
+    from evotrainer.train.loop import open_session, run_training
+
+    folder = harness_with(tmp_path, num_generations=4, max_completion_length=16, top_p=0.9, top_k=20,
+                          min_p=0.05, repetition_penalty=1.1, epsilon=0.1, epsilon_high=0.28, num_iterations=2,
+                          max_grad_norm=0.5, warmup_ratio=0.5, lora_rank=8, lora_alpha=16, lora_dropout=0.1)
+    cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", [f"harness={folder}"])
+    session = open_session(cfg, tmp_path / "work")
+    assert session.grpo["num_iterations"] == 2 and session.grpo["warmup_ratio"] == 0.5
+    result = run_training(session)
+    adapter = json.loads((Path(result["rounds"][0].adapter) / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"], adapter["lora_dropout"]) == (8, 16, 0.1)
+    rows = list(Store.open(tmp_path / "work").iter_rollouts(run_id=session.run_id))
+    # num_iterations 2: the second step trains again on the first step's generations
+    assert len(rows) == cfg.train.prompts_per_step * 4
+    assert all(row.rollout.num_tokens <= 16 for row in rows)

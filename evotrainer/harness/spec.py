@@ -272,6 +272,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` lets a hidden value be overridden
+                raise yaml.constructor.ConstructorError(None, None, "merge keys (<<) are not allowed",
+                                                        key_node.start_mark)
             key = self.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen
@@ -289,7 +292,7 @@ _short.maxlevel, _short.maxlist, _short.maxdict, _short.maxstring, _short.maxoth
 
 def _problem(error: Mapping[str, Any]) -> str:
     """One pydantic error as `section.key: what is wrong`, in the table's words."""
-    loc = tuple(str(part) for part in error["loc"])
+    loc = tuple(_short.repr(part) if not isinstance(part, str) else part[:64] for part in error["loc"])
     where, kind = ".".join(loc), error["type"]
     if kind == "extra_forbidden":
         known = list(SECTIONS) if len(loc) == 1 else [k.name for k in SECTIONS[loc[0]]]
@@ -313,6 +316,10 @@ def _check_depth(text: str) -> None:
     """Refuse nesting past MAX_DEPTH from the event stream, which PyYAML reads without recursion."""
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            # a flat config needs no references, and references are how a small file grows huge
+            raise HarnessError(f"{SPEC_FILE}: invalid YAML at line {event.start_mark.line + 1}: "
+                               "anchors and aliases (&, *) are not allowed")
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
@@ -336,6 +343,8 @@ def parse_spec(text: str) -> HarnessSpec:
         raise HarnessError(f"{SPEC_FILE}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     except RecursionError:
         raise HarnessError(f"{SPEC_FILE}: invalid YAML: nested too deeply") from None
+    except ValueError as exc:  # a constructor's own, e.g. an integer of more than 4300 digits
+        raise HarnessError(f"{SPEC_FILE}: invalid YAML: {str(exc)[:120]}") from None
     if not isinstance(raw, dict):
         raise HarnessError(f"{SPEC_FILE}: expected a mapping of sections ({', '.join(SECTIONS)}), "
                            f"got {type(raw).__name__}")
