@@ -158,7 +158,7 @@ def test_always_malformed_is_skipped_with_a_reason(server, agent, sources, evide
     (_proposal(edits=[{"file": "filters.py", "search": "from typing import Sequence",
                        "replace": "import subprocess\nfrom typing import Sequence"}]), "does not load"),
     (_proposal(edits=[{"file": "harness.yaml", "search": "beta: 0.0", "replace": "beta: -1"}]),
-     "grpo.beta must be >= 0"),
+     "grpo.beta: must be a number in [0, 10], got -1"),
     (_proposal(edits=[{"file": "reward.py", "search": "", "replace": "x = 1\n"}]), "search is empty"),
     (_proposal(edits=[{"file": "reward.py", "search": OLD_FORMAT}]), "replace must be a string"),
 ])

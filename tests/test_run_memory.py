@@ -25,7 +25,10 @@ def memory_harness(tmp_path: Path, block: str = MEMORY):
     harness_dir = tmp_path / "harness"
     shutil.copytree(HARNESSES_DIR / "math", harness_dir)
     spec = harness_dir / "harness.yaml"
-    spec.write_text(spec.read_text() + block)
+    # the block replaces the seed's own `memory:` section (a second one fails the load)
+    text = spec.read_text().replace("memory:\n  enabled: false\n", "")
+    assert "memory:" not in text
+    spec.write_text(text + block)
     return load_harness(harness_dir)
 
 
@@ -54,9 +57,9 @@ def test_harness_memory_section_is_validated():
     spec = parse_spec("grpo: {}\nreward_weights: {}\n" + MEMORY)
     assert spec.memory == {"enabled": True, "capacity": 10, "frontier": 6, "admit": 8, "variant_var": 1.0}
     assert parse_spec("grpo: {}\n").memory["enabled"] is False
-    with pytest.raises(HarnessError, match="unknown memory key"):
+    with pytest.raises(HarnessError, match=r"memory.size: unknown key"):
         parse_spec("memory: {size: 3}\n")
-    with pytest.raises(HarnessError, match="memory.capacity must be an integer >= 1"):
+    with pytest.raises(HarnessError, match=r"memory.capacity: must be an integer in \[1, 100000\], got 0"):
         parse_spec("memory: {capacity: 0}\n")
 
 

@@ -16,18 +16,20 @@ import itertools
 import math
 import numbers
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
 from evotrainer.api import Rollout, TaskStats, Turn
+from evotrainer.harness.errors import HarnessError
+# harness.yaml lives in spec.py; its names stay importable from here
+from evotrainer.harness.spec import (GRPO_KEYS, LOSS_TYPES, RATIO_CLIP_LOSSES, SCALE_REWARDS, SPEC_FILE,  # noqa: F401
+                                     HarnessSpec, parse_spec)
 
-SPEC_FILE = "harness.yaml"
 # file -> the functions (or values) it must define
 CODE_FILES: dict[str, tuple[str, ...]] = {
     "reward.py": ("reward",),
@@ -39,193 +41,6 @@ CODE_FILES: dict[str, tuple[str, ...]] = {
 HARNESS_FILES = (SPEC_FILE, *CODE_FILES)
 DIMENSIONS = ("result", "behaviour", "efficiency", "model_state", "test_structure")
 DIRECTIONS = ("above", "below")
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-SCALE_REWARDS = ("group", "batch", "none")
-
-
-class HarnessError(Exception):
-    """A harness fault. The message starts with the file (and function) at fault."""
-
-
-# ---------------------------------------------------------------- harness.yaml
-
-
-def _number(low: float, high: float = math.inf, low_open: bool = False) -> Callable[[Any], float]:
-    def check(value: Any) -> float:
-        if isinstance(value, str):  # PyYAML reads `5e-5` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"must be a number, got {value!r}")
-        value = float(value)
-        too_low = value <= low if low_open else value < low
-        if not math.isfinite(value) or too_low or value > high:
-            bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
-            raise ValueError(f"must be {bound}, got {value!r}")
-        return value
-
-    return check
-
-
-def _integer(low: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"must be an integer >= {low}, got {value!r}")
-        return value
-
-    return check
-
-
-def _choice(options: Sequence[str]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in options:
-            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
-        return value
-
-    return check
-
-
-def _scale_rewards(value: Any) -> str:
-    if isinstance(value, bool):  # TRL's legacy spelling
-        return "group" if value else "none"
-    return _choice(SCALE_REWARDS)(value)
-
-
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"must be true or false, got {value!r}")
-    return value
-
-
-# The GRPO knobs a harness owns (names as in TRL's GRPOConfig, plus LoRA's rank/alpha/dropout).
-GRPO_KEYS: dict[str, Callable[[Any], Any]] = {
-    "num_generations": _integer(2),
-    "temperature": _number(0.0, low_open=True),
-    "top_p": _number(0.0, 1.0, low_open=True),
-    "top_k": _integer(0),
-    "min_p": _number(0.0, 1.0),
-    "repetition_penalty": _number(0.0, low_open=True),
-    "max_completion_length": _integer(1),
-    "loss_type": _choice(LOSS_TYPES),
-    "scale_rewards": _scale_rewards,
-    "mask_truncated_completions": _flag,
-    "beta": _number(0.0),
-    "epsilon": _number(0.0),
-    "epsilon_high": _number(0.0),
-    "num_iterations": _integer(1),
-    "learning_rate": _number(0.0, low_open=True),
-    "max_grad_norm": _number(0.0),
-    "warmup_ratio": _number(0.0, 1.0),
-    "lora_rank": _integer(1),
-    "lora_alpha": _integer(1),
-    "lora_dropout": _number(0.0, 1.0),
-}
-
-
-# The experience pool (evotrainer/experience): the share of training rollouts whose prompt
-# carries the k stored lessons most similar to their task (cosine similarity >= min_score), and
-# the upper clip those rollouts train with (null: the same epsilon_high as every rollout).
-EXPERIENCE_KEYS: dict[str, Callable[[Any], Any]] = {
-    "share": _number(0.0, 1.0),
-    "k": _integer(1),
-    "min_score": _number(-1.0, 1.0),
-    "clip_high": lambda v: None if v is None else _number(0.0, low_open=True)(v),
-}
-EXPERIENCE_DEFAULTS = {"share": 0.0, "k": 2, "min_score": -1.0, "clip_high": None}
-# Loss types whose ratio is clipped to [1 - epsilon, 1 + epsilon_high] (TRL 1.16), where a wider
-# upper clip for guided rollouts means what it says.
-RATIO_CLIP_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "luspo")
-
-# The replay memory (evotrainer/memory/run.py): when enabled, the curriculum sees only the tasks
-# the run's memory holds (at most `capacity`), each with the memory's drift-aware pass-rate
-# belief in TaskStats.meta; the memory admits up to `admit` unseen tasks a round while it holds
-# fewer than `frontier` mid tasks, and starts a frontier variant from its parent's belief
-# widened by `variant_var`.
-MEMORY_KEYS: dict[str, Callable[[Any], Any]] = {
-    "enabled": _flag,
-    "capacity": _integer(1),
-    "frontier": _integer(0),
-    "admit": _integer(1),
-    "variant_var": _number(0.0),
-}
-MEMORY_DEFAULTS = {"enabled": False, "capacity": 256, "frontier": 64, "admit": 64, "variant_var": 1.0}
-
-
-@dataclass(frozen=True)
-class HarnessSpec:
-    """The parsed harness.yaml. `raw` keeps every top-level section, known or not."""
-
-    grpo: dict
-    reward_weights: dict[str, float]
-    raw: dict
-    experience: dict = field(default_factory=lambda: dict(EXPERIENCE_DEFAULTS))
-    memory: dict = field(default_factory=lambda: dict(MEMORY_DEFAULTS))
-
-
-def parse_spec(text: str) -> HarnessSpec:
-    """Parse and validate harness.yaml text."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise HarnessError(f"{SPEC_FILE}: invalid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
-    if not isinstance(raw, dict):
-        raise HarnessError(f"{SPEC_FILE}: expected a mapping with 'grpo' and 'reward_weights', got {type(raw).__name__}")
-    grpo_raw = raw.get("grpo", {})
-    if not isinstance(grpo_raw, dict):
-        raise HarnessError(f"{SPEC_FILE}: grpo must be a mapping, got {type(grpo_raw).__name__}")
-    unknown = sorted(str(k) for k in grpo_raw if k not in GRPO_KEYS)
-    if unknown:
-        raise HarnessError(
-            f"{SPEC_FILE}: unknown grpo key(s) {', '.join(unknown)}; known: {', '.join(GRPO_KEYS)}"
-        )
-    grpo = {}
-    for key, value in grpo_raw.items():
-        try:
-            grpo[key] = GRPO_KEYS[key](value)
-        except ValueError as exc:
-            raise HarnessError(f"{SPEC_FILE}: grpo.{key} {exc}") from None
-    weights_raw = raw.get("reward_weights", {})
-    if weights_raw is None:
-        weights_raw = {}
-    if not isinstance(weights_raw, dict):
-        raise HarnessError(f"{SPEC_FILE}: reward_weights must be a mapping, got {type(weights_raw).__name__}")
-    weights = {}
-    for key, value in weights_raw.items():
-        if not isinstance(key, str):
-            raise HarnessError(f"{SPEC_FILE}: reward_weights key {key!r} must be a string")
-        try:
-            weights[key] = _number(-math.inf)(value)
-        except ValueError as exc:
-            raise HarnessError(f"{SPEC_FILE}: reward_weights.{key} {exc}") from None
-    experience = _section(raw, "experience", EXPERIENCE_KEYS, EXPERIENCE_DEFAULTS)
-    loss_type = grpo.get("loss_type", "dapo")  # TRL 1.16's default
-    if experience["clip_high"] is not None and loss_type not in RATIO_CLIP_LOSSES:
-        raise HarnessError(f"{SPEC_FILE}: experience.clip_high needs a ratio-clipped loss "
-                           f"({', '.join(RATIO_CLIP_LOSSES)}), not grpo.loss_type {loss_type}")
-    memory = _section(raw, "memory", MEMORY_KEYS, MEMORY_DEFAULTS)
-    return HarnessSpec(grpo=grpo, reward_weights=weights, raw=raw, experience=experience, memory=memory)
-
-
-def _section(raw: dict, name: str, keys: dict[str, Callable[[Any], Any]], defaults: dict) -> dict:
-    """A validated optional section of harness.yaml, its defaults filled in."""
-    given = raw.get(name) or {}
-    if not isinstance(given, dict):
-        raise HarnessError(f"{SPEC_FILE}: {name} must be a mapping, got {type(given).__name__}")
-    unknown = sorted(str(k) for k in given if k not in keys)
-    if unknown:
-        raise HarnessError(f"{SPEC_FILE}: unknown {name} key(s) {', '.join(unknown)}; known: {', '.join(keys)}")
-    out = dict(defaults)
-    for key, value in given.items():
-        try:
-            out[key] = keys[key](value)
-        except ValueError as exc:
-            raise HarnessError(f"{SPEC_FILE}: {name}.{key} {exc}") from None
-    return out
-
 
 
 # ---------------------------------------------------------------- return-value validators

@@ -320,7 +320,7 @@ class LLMAgent:
             history=[json.dumps(dict(h), default=str, sort_keys=True) for h in list(evidence.history)[-5:]],
             harness_files=[(n, sources[n]) for n in order],
             harness_names=list(HARNESS_FILES),
-            grpo_keys=list(GRPO_KEYS),
+            grpo_keys=[f"{k.name} ({k.bounds()})" for k in GRPO_KEYS.values()],
             skills=self._skills(skills, evidence.domain),
             metrics=[{"name": m, "better": "lower" if low else "higher", "safety": m in SAFETY_METRICS}
                      for m, low in LOWER_IS_BETTER.items()],

@@ -21,6 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from evotrainer.harness.errors import HarnessError
+from evotrainer.harness.spec import validate_spec
+
 LABEL_VALUES = {"GOOD": 1.0, "BAD": -1.0}
 EPS = 1e-8
 SPEC_KEY = "step_credit"  # harness.yaml section
@@ -35,19 +38,11 @@ class StepCreditSpec:
 
     @classmethod
     def from_raw(cls, raw: Any) -> "StepCreditSpec":
-        if raw is None:
-            return cls()
-        if not isinstance(raw, Mapping):
-            raise ValueError(f"harness.yaml: {SPEC_KEY} must be a mapping, got {type(raw).__name__}")
-        unknown = sorted(str(k) for k in raw if k not in ("enabled", "alpha"))
-        if unknown:
-            raise ValueError(f"harness.yaml: unknown {SPEC_KEY} key(s) {', '.join(unknown)}; known: enabled, alpha")
-        enabled, alpha = raw.get("enabled", False), raw.get("alpha", 0.1)
-        if not isinstance(enabled, bool):
-            raise ValueError(f"harness.yaml: {SPEC_KEY}.enabled must be true or false, got {enabled!r}")
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
-            raise ValueError(f"harness.yaml: {SPEC_KEY}.alpha must be a number >= 0, got {alpha!r}")
-        return cls(enabled, float(alpha))
+        """A `step_credit` section validated as harness.yaml's loader does (ValueError if bad)."""
+        try:
+            return cls(**validate_spec({SPEC_KEY: raw}).step_credit)
+        except HarnessError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def label_values(labels: Any) -> list[float] | None:
@@ -126,7 +121,7 @@ class StepCredit:
 
     @classmethod
     def from_harness(cls, harness: Any, labeller: Labeller | None = None) -> "StepCredit":
-        return cls(StepCreditSpec.from_raw(harness.spec.raw.get(SPEC_KEY)), labeller)
+        return cls(StepCreditSpec(**harness.spec.step_credit), labeller)  # validated at load
 
     @property
     def enabled(self) -> bool:

@@ -21,11 +21,11 @@ from evotrainer.config import Config
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
-from evotrainer.harness.loader import Harness
+from evotrainer.harness.loader import Harness, HarnessSpec
+from evotrainer.harness.spec import trainer_kwargs
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
-from evotrainer.train.credit import StepCreditSpec
 from evotrainer.train.evaluate import (EvalResult, check_backends, eval_backend_name, evaluate,
                                        make_eval_backend)
 from evotrainer.workspace import ensure_workspace
@@ -131,7 +131,7 @@ def heldout_backend(session: Session, model, tokenizer):
     else:
         if session.eval_backend is None:
             session.eval_backend = make_eval_backend(session.config,
-                                                     lora_rank=int(session.grpo.get("lora_rank", 16)))
+                                                     lora_rank=session.grpo["lora_rank"])
         backend = session.eval_backend
     if not session.config.eval.cache:
         return backend
@@ -190,32 +190,38 @@ def memory_task_stats(session: Session, index: int | None, seed: int) -> list[Ta
 
 
 def build_peft(model, grpo: dict):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model
 
     if isinstance(model, PeftModel):
         return model
-    lora = LoraConfig(r=int(grpo.get("lora_rank", 16)), lora_alpha=int(grpo.get("lora_alpha", 32)),
-                      lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    return get_peft_model(model, lora_config(grpo))
+
+
+def lora_config(grpo: dict):
+    """LoraConfig from harness.yaml's LoRA knobs (harness/spec.py's table) on every linear layer."""
+    from peft import LoraConfig
+
+    return LoraConfig(**trainer_kwargs(grpo, "LoraConfig"), target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def grpo_args(session: Session, steps: int, seed: int, output_dir: Path):
+    return grpo_config(session.harness.spec, session.config, steps, seed, output_dir)
+
+
+def grpo_config(spec: HarnessSpec, config: Config, steps: int, seed: int, output_dir: Path):
+    """GRPOConfig from harness.yaml's GRPO knobs (harness/spec.py's table) and what the config owns."""
     import torch
     from trl import GRPOConfig
 
-    g, t = session.grpo, session.config.train
+    knobs, t = trainer_kwargs(spec.grpo, "GRPOConfig"), config.train
     return GRPOConfig(
         output_dir=str(output_dir), max_steps=steps, seed=seed,
-        per_device_train_batch_size=t.prompts_per_step * int(g["num_generations"]),
-        gradient_accumulation_steps=1, num_generations=int(g["num_generations"]),
-        temperature=float(g["temperature"]), max_completion_length=int(g["max_completion_length"]),
-        loss_type=g["loss_type"], scale_rewards=g["scale_rewards"], beta=float(g["beta"]),
-        learning_rate=float(g["learning_rate"]), lr_scheduler_type="constant", warmup_steps=0,
+        per_device_train_batch_size=t.prompts_per_step * knobs["num_generations"], gradient_accumulation_steps=1,
+        # warmup_ratio arrives as warmup_steps (< 1: a share of the round); "constant" would ignore it
+        lr_scheduler_type="constant_with_warmup" if knobs["warmup_steps"] else "constant",
         logging_steps=t.logging_steps, save_strategy="no", report_to=t.report_to or "none",
         use_cpu=not torch.cuda.is_available(), bf16=False, disable_tqdm=True,
-        gradient_checkpointing=t.gradient_checkpointing,
-        mask_truncated_completions=bool(g.get("mask_truncated_completions", False)),
-        **vllm_args(session.config),
+        gradient_checkpointing=t.gradient_checkpointing, **knobs, **vllm_args(config),
     )
 
 
@@ -280,8 +286,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     experience = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
         session.harness, ExperiencePool(session.store), cfg.domain.name, seed))
     # harness.yaml `step_credit`: a judge labels each step GOOD/BAD during training (judge/steps.py)
-    step_labeller = step_judge(session) if StepCreditSpec.from_raw(
-        session.harness.spec.raw.get("step_credit")).enabled else None
+    step_labeller = step_judge(session) if session.harness.spec.step_credit["enabled"] else None
     if step_labeller is not None:
         scaffold_kwargs["step_labeller"] = step_labeller
     recorder = RolloutRecorder(
