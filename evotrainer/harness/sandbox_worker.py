@@ -260,6 +260,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot, isolation: Mapping[s
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(devnull, fd)
+    os.close(devnull)
     if boot.memory_limit_mb:  # a runaway allocation is a MemoryError in the harness, not host swap
         limit = boot.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
