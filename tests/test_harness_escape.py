@@ -490,3 +490,20 @@ def test_fails_closed_without_isolation(monkeypatch):
     with pytest.raises(SandboxError, match="expected 'os'"):
         with SandboxPool([("candidate", SEED)], RewardJob(), 1):
             pass
+
+
+def test_worker_cannot_fill_the_hosts_disk():
+    """Its writable folders are size-capped tmpfs of its own, not host folders."""
+    value = _probe('''
+written = 0
+block = b"x" * (1 << 20)
+try:
+    for i in range(200):
+        with open("/sandbox/fill-%d" % i, "wb") as f:
+            f.write(block)
+        written += 1
+except OSError:
+    pass
+value = written >= 200
+''')
+    assert value == 0

@@ -42,11 +42,11 @@ from evotrainer.sandbox.processes import _fresh_uid, _stop, _sweep
 from evotrainer.sandbox.run import _rmtree, isolation_support
 
 ISOLATION_ENV = "EVOTRAINER_HARNESS_ISOLATION"
-INSIDE = "/sandbox"  # the worker's own writable folder (its cwd, HOME and TMPDIR), inside its root
+INSIDE = "/sandbox"  # the worker's own writable tmpfs (its cwd, HOME and TMPDIR), inside its root
 _WORKER_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MKL_NUM_THREADS": "1", "PYTHONSAFEPATH": "1"}
 _CPU_S = 10**7  # workers are long-lived: the parent's watchdog bounds their time, not RLIMIT_CPU
-_FSIZE_MB, _NPROC = 64, 64  # files it may write in /sandbox; threads count towards RLIMIT_NPROC
+_FSIZE_MB, _NPROC = 64, 64  # /sandbox and /tmp hold this much each; threads count towards RLIMIT_NPROC
 _CHILD = ("import sys; from evotrainer.harness.sandbox_launch import child_main; "
           "child_main(int(sys.argv[1]), int(sys.argv[2]))")
 
@@ -92,14 +92,12 @@ class SandboxedProcess:
 
     def __init__(self, memory_limit_mb: int, require_seccomp: bool):
         self.support = check_support()
+        # Only the mount point of its root lives here: /sandbox and /tmp are size-capped tmpfs,
+        # so a worker cannot fill the host's disk.
         self.work = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-hw-"))
         os.chmod(self.work, 0o711)
-        self.tmpdir = self.work / "sandbox"  # the worker's /sandbox, seen from here
         (self.work / "root").mkdir()
-        self.tmpdir.mkdir()
         self.uid = _fresh_uid() if self.support["root"] else None
-        if self.uid is not None:
-            os.chown(self.tmpdir, self.uid, self.uid)
         self.memory_limit_mb, self.require_seccomp = memory_limit_mb, require_seccomp or self.uid is None
         self.proc: Any = None
         self.status: dict[str, Any] = {}
@@ -124,8 +122,7 @@ class SandboxedProcess:
             child_fd = theirs.fileno()
             exe = sys.executable
             package_parent = str(Path(evotrainer.__file__).resolve().parent.parent)
-            binds = root_binds(exe, read_only=[str(Path(package_parent) / "evotrainer")],
-                               writable={str(self.tmpdir): INSIDE})
+            binds = root_binds(exe, read_only=[str(Path(package_parent) / "evotrainer")]) + [["", INSIDE, "tmp"]]
             env = _scrubbed_env(Path(INSIDE), Path(INSIDE), {**_WORKER_ENV, "PYTHONPATH": package_parent})
             mem = self.memory_limit_mb << 20 if self.memory_limit_mb else -1  # -1: RLIM_INFINITY
             limits = {"cpu_s": _CPU_S, "as": mem, "fsize": _FSIZE_MB << 20, "nproc": _NPROC}

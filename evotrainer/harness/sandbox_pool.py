@@ -1,4 +1,4 @@
-"""The parent side of the harness sandbox: a pool of forkserver workers, the message protocol, the watchdog."""
+"""The parent side of the harness sandbox: a pool of sandboxed workers, the message protocol, the watchdog."""
 
 from __future__ import annotations
 
@@ -76,7 +76,11 @@ class _Worker:
         self.tmpdir: str | None = None
         if ctx is None:
             self.process: Any = SandboxedProcess(memory_limit_mb, require_seccomp=False)
-            self.process.start()  # SandboxError if the sandbox cannot be had: fail closed
+            try:
+                self.process.start()  # SandboxError if the sandbox cannot be had: fail closed
+            except BaseException:
+                self.process.close()
+                raise
             self.conn, self.marks = self.process.conn, self.process.marks
             self.isolation = {k: self.process.status.get(k) for k in _ISOLATION_KEYS}
             self._send_boot(_Boot(INSIDE, harnesses, job, memory_limit_mb, self.process.require_seccomp))
@@ -203,7 +207,7 @@ _preloaded = False
 
 
 def _context(job: WorkerJob) -> Any:
-    """The "forkserver" context: a clean server process (a fresh interpreter, never a fork of
+    """With the opt-out only (sandbox_launch.ISOLATION_ENV=none). The "forkserver" context: a clean server process (a fresh interpreter, never a fork of
     this one, never running harness code) imports our worker modules once, and every worker is
     forked from it in milliseconds instead of importing them again (~0.4 s each)."""
     global _preloaded
