@@ -507,3 +507,27 @@ except OSError:
 value = written >= 200
 ''')
     assert value == 0
+
+
+SYSCALLS = {  # x86_64 numbers; each is refused by the filter, which kills the worker
+    "x32-abi-fork": "libc.syscall(0x40000000 | 57)",
+    "unshare-a-user-namespace": "libc.unshare(0x10000000)",
+    "ptrace-attach": "libc.ptrace(16, 1, 0, 0)",
+    "io-uring-setup": "libc.syscall(425, 8, ctypes.create_string_buffer(120))",
+    "netlink-socket": "libc.socket(16, 3, 0)",
+    "signal-pid-1": "libc.kill(1, 0)",
+    "execve": "libc.execve(b'/bin/sh', None, None)",
+    "mount-proc": "libc.mount(b'proc', b'/sandbox', b'proc', 0, None)",
+    "chroot": "libc.chroot(b'/sandbox')",
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the syscall numbers below are x86_64's")
+@pytest.mark.parametrize("name", sorted(SYSCALLS))
+def test_forbidden_syscalls_kill_the_worker(name):
+    with pytest.raises(CandidateFailure, match="forbids"):
+        _probe(f'''
+ctypes = sys.modules.get("ctypes") or __import__("ctypes")
+libc = ctypes.CDLL(None, use_errno=True)
+value = {SYSCALLS[name]}
+''')
