@@ -296,7 +296,8 @@ def _state(ws, home: Path, marks: Path) -> dict:
     git = ws.harnesses / ".git"
     db = sqlite3.connect(f"file:{ws.root / 'store.db'}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT id, outcome_success, outcome_score, outcome_kind FROM rollouts ORDER BY id").fetchall()
+        rows = db.execute("SELECT id, outcome_success, outcome_score, outcome_kind FROM rollouts "
+                          "ORDER BY id").fetchall()
     finally:
         db.close()
     main = subprocess.run(["git", "-C", str(ws.harnesses), "rev-parse", "main"], capture_output=True,
@@ -345,7 +346,7 @@ def test_an_escape_route_has_no_effect(arena, route):
 def test_git_hooks_planted_before_the_backtest_cannot_come_from_the_worker(arena):
     """After a hostile backtest the trusted parent still moves refs/backtests/* and writes a
     trailer: had a hook been planted, it would have run then. None was."""
-    ws, home, marks, _ = arena
+    ws, _home, marks, _ = arena
     _attack(arena, "frames-then-damage-in-process")
     repo = HarnessRepo(ws.harnesses)
     repo.propose(2, "after", {"reward.py": SEED_REWARD + "\n"}, diagnosis="x", targets="proxy_auc",
@@ -483,13 +484,11 @@ def test_fails_closed_without_isolation(monkeypatch):
     monkeypatch.setattr(sandbox_launch, "isolation_support", lambda: {
         "root": False, "netns": False, "mountns": False, "pidns": False, "uid_drop": False,
         "probe_error": "unshare: Operation not permitted"})
-    with pytest.raises(SandboxError, match=sandbox_launch.ISOLATION_ENV):
-        with SandboxPool([("candidate", SEED)], RewardJob(), 1):
-            pass
+    with pytest.raises(SandboxError, match=sandbox_launch.ISOLATION_ENV), SandboxPool([("candidate", SEED)], RewardJob(), 1):
+        pass
     monkeypatch.setenv(sandbox_launch.ISOLATION_ENV, "bogus")
-    with pytest.raises(SandboxError, match="expected 'os'"):
-        with SandboxPool([("candidate", SEED)], RewardJob(), 1):
-            pass
+    with pytest.raises(SandboxError, match="expected 'os'"), SandboxPool([("candidate", SEED)], RewardJob(), 1):
+        pass
 
 
 def test_worker_cannot_fill_the_hosts_disk():

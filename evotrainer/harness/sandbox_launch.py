@@ -37,7 +37,12 @@ from typing import Any
 
 import evotrainer
 from evotrainer.harness.sandbox_failures import SandboxError
-from evotrainer.sandbox.launcher import _launcher_config, _scrubbed_env, _start, root_binds
+from evotrainer.sandbox.launcher import (
+    _launcher_config,
+    _scrubbed_env,
+    _start,
+    root_binds,
+)
 from evotrainer.sandbox.processes import _fresh_uid, _stop, _sweep
 from evotrainer.sandbox.run import _rmtree, isolation_support
 
@@ -194,8 +199,7 @@ def child_main(conn_fd: int, marks_fd: int) -> None:
         _close_other_fds({conn_fd})
         filtered = seccomp.install()
         if not filtered and boot.require_seccomp:
-            _send(conn, ["error", "the kernel refused the seccomp filter, and without a fresh uid "
-                                  "it is required"])
+            _send(conn, ["error", "the kernel refused the seccomp filter (required without a fresh uid)"])
             return
     except Exception:  # noqa: BLE001
         _send(conn, ["error", traceback.format_exc()])

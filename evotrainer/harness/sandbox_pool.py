@@ -207,9 +207,10 @@ _preloaded = False
 
 
 def _context(job: WorkerJob) -> Any:
-    """With the opt-out only (sandbox_launch.ISOLATION_ENV=none). The "forkserver" context: a clean server process (a fresh interpreter, never a fork of
-    this one, never running harness code) imports our worker modules once, and every worker is
-    forked from it in milliseconds instead of importing them again (~0.4 s each)."""
+    """Used only with the opt-out (sandbox_launch.ISOLATION_ENV=none). The "forkserver" context:
+    a clean server process (a fresh interpreter, never a fork of this one, never running harness
+    code) imports our worker modules once, and every worker is forked from it in milliseconds
+    instead of importing them again (~0.4 s each)."""
     global _preloaded
     ctx = multiprocessing.get_context("forkserver")
     if not _preloaded:  # only matters before the server starts, which the first worker does
