@@ -530,3 +530,21 @@ ctypes = sys.modules.get("ctypes") or __import__("ctypes")
 libc = ctypes.CDLL(None, use_errno=True)
 value = {SYSCALLS[name]}
 ''')
+
+
+def test_worker_sees_no_other_process_and_no_secret_in_proc(monkeypatch):
+    """Its /proc is its own pid namespace's: the launcher's reaper and itself, neither holding a key."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    value = _probe('''
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+leaks = 0
+for p in pids:
+    for name in ("environ", "cmdline"):
+        try:
+            with open("/proc/%s/%s" % (p, name), "rb") as f:
+                leaks += b"sk-fake" in f.read()
+        except OSError:
+            pass
+value = 100 * leaks + max(0, len(pids) - 2)
+''')
+    assert value == 0
