@@ -245,7 +245,10 @@ def test_unprintable_exception_is_still_a_reason(ws, seed):
         "raise Bad()", head="class Bad(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n"))
 
 
-def test_descriptor_tricks_are_refused(ws, seed, tmp_path):
+def test_descriptor_tricks_are_refused(ws, seed, tmp_path, monkeypatch):
+    # The in-process guard (lint) on its own: in the OS sandbox the file below does not even
+    # exist for the worker (tests/test_harness_escape.py), so the guard's message would not show.
+    monkeypatch.setenv("EVOTRAINER_HARNESS_ISOLATION", "none")
     outside = tmp_path / "outside.txt"
     outside.write_text("keep")
     # a descriptor opened for reading outside the temp dir cannot be used to change the file

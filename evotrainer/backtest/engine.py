@@ -1,15 +1,14 @@
 """Replay a base and a candidate harness over the same stored rollouts, in parallel sandboxed workers.
 
 The parent streams the selection's (seq, id, group_id) once, in store order, to fix the set
-(count and a hash of the ordered ids) and to cut it into chunks of whole groups. Sandbox workers
-(evotrainer.harness.sandbox), each holding both harnesses, read their chunk's rows themselves,
-build frozen `api.Rollout`s (ground truth comes from the stored columns, never from objects that
-harness code has touched), score them under both harnesses, and send back one small Tally per
-harness. Memory: a page of keys in the parent, a chunk per worker, whatever the store size.
+(count and a hash of the ordered ids) and to cut it into chunks of whole groups. For each chunk
+the parent reads the rows and sends them, as plain tuples, to a sandbox worker
+(evotrainer.harness.sandbox), which holds both harnesses, builds frozen `api.Rollout`s (ground
+truth comes from the stored columns, never from objects that harness code has touched), scores
+them under both harnesses, and sends back one small Tally per harness. Memory: a page of keys in
+the parent, a chunk or two per worker, whatever the store size.
 
-A worker opens its store connection per chunk, inside the sandbox's trusted I/O window, and
-closes it before scoring: no store descriptor is open while harness code runs (SQLite keeps its
--wal and -shm files read-write even on a read-only connection, and `os.write` is not audited).
+Workers never open the store: they run in the OS sandbox, where the workspace does not exist.
 
 Groups are normally contiguous in insert order, and a chunk is only cut where the group changes.
 A group whose rows are scattered (interleaved writers) goes whole with the chunk that holds its
@@ -289,22 +288,17 @@ def _fact(row: Sequence[Any]) -> _Fact:
 
 
 class _Reader:
-    """A worker's view of the store: one chunk's rows, whole groups only.
+    """The parent's reader of chunks: one chunk's rows, whole groups only, as plain tuples."""
 
-    The connection is opened per chunk inside the sandbox's trusted I/O window and closed before
-    any harness code runs, so no store descriptor is open while harness code is.
-    """
-
-    def __init__(self, url: str, scope: _Scope | None, trusted_io: Callable[[], Any]):
+    def __init__(self, url: str, scope: _Scope | None):
         self.engine = create_engine(url, poolclass=NullPool)
-        self.scope, self.trusted_io = scope, trusted_io
+        self.scope = scope
         c = RolloutRow.__table__.c
         self.columns = [cast(c[n], Text) if n in _JSON_COLUMNS else c[n] for n in _COLUMNS]
 
-    def chunk(self, message: tuple) -> list[_Fact]:
-        with self.trusted_io(), self.engine.connect() as conn:
-            rows = self._rows(conn, message)
-        return [_fact(r) for r in rows]
+    def chunk(self, message: tuple) -> list[tuple]:
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in self._rows(conn, message)]
 
     def _rows(self, conn: Any, message: tuple) -> list:
         c = RolloutRow.__table__.c
@@ -339,7 +333,8 @@ class _Reader:
 
 @dataclass(frozen=True)
 class ChunkJob:
-    """What a sandbox worker does with a chunk: read its rows, score them under every harness."""
+    """What a sandbox worker does with a chunk (its rows, read and sent by the parent): score
+    them under every harness. `url` and `scope` stay for the parent's reader; a worker uses neither."""
 
     url: str
     scope: _Scope | None
@@ -351,12 +346,12 @@ class ChunkJob:
     # the same for every chunk, so each harness's weights() runs once per worker, not per chunk.
     shares: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def open(self, trusted_io: Callable[[], Any]) -> _Reader:
-        return _Reader(self.url, self.scope, trusted_io)
+    def open(self, trusted_io: Callable[[], Any]) -> None:
+        return None
 
-    def run(self, reader: _Reader, harnesses: Mapping[str, SandboxedHarness], message: tuple) -> dict:
+    def run(self, state: None, harnesses: Mapping[str, SandboxedHarness], rows: Sequence[tuple]) -> dict:
         groups: dict[str, list[_Fact]] = {}
-        for fact in reader.chunk(message):
+        for fact in map(_fact, rows):
             groups.setdefault(fact.group_id, []).append(fact)
         threshold = int(self.determinism_sample * 2**32)
         checked = {g for g in groups if zlib.crc32(g.encode()) < threshold}
@@ -568,9 +563,10 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
                                message_timeout_s=gate.time_budget_s)
         sides = [(label, dict(v.sources)) for label, v in zip(LABELS, (base, candidate))]
         chunks = plan_chunks(store, selection, chunk_size)
+        reader = _Reader(job.url, selection.scope)
         with pool_class(sides, job, workers, limits) as pool:
             ready = time.perf_counter()
-            for _, reply in pool.imap(chunks):
+            for _, reply in pool.imap(reader.chunk(message) for message in chunks):
                 try:
                     tallies = {label: Tally.from_json(reply[label]) for label in LABELS}
                 except (ValueError, TypeError, KeyError) as exc:

@@ -1,8 +1,16 @@
-"""Run untrusted harness code in guarded worker processes: any harness fault becomes a CandidateFailure.
+"""Run untrusted harness code in sandboxed worker processes: any harness fault becomes a CandidateFailure.
 
-A candidate harness is code an LLM may have written. It runs only in worker processes (forked
-from a clean "forkserver" process), never in the process that drives a run. Inside a worker, before any
-harness file is executed:
+A candidate harness is code an LLM may have written. It runs only in worker processes, never in
+the process that drives a run, and each worker starts inside the OS sandbox (sandbox_launch.py):
+its own network, mount and pid namespaces, a fresh unprivileged uid, a minimal read-only root
+with no workspace, home or checkout in it, a scrubbed environment, no descriptors but its
+message socket, and a seccomp filter that kills it on fork, exec, ptrace, mounts, non-AF_UNIX
+sockets or signals to other processes. That is the boundary: a worker holds nothing worth
+stealing and can reach nothing that decides. tests/test_harness_escape.py attacks it.
+
+Inside a worker, before any harness file is executed, two in-process guards give fast, clear
+messages for the common mistakes (they are lint, not the boundary: Python objects are
+introspectable, so determined code can switch them off, and then meets the OS sandbox):
 
 - an audit hook (`sys.addaudithook`, which cannot be removed) refuses processes (`subprocess`,
   `os.system`, `os.exec*`, `os.spawn*`, `os.fork`), signals to other processes, sockets, ctypes,
@@ -14,23 +22,23 @@ harness file is executed:
 
 A refused operation raises PermissionError/ImportError inside the harness *and* is recorded, so a
 harness that swallows the exception still fails. The parent enforces a time budget per harness
-call through a small shared array (which call is running, since when) and kills the worker's
-process group when it is exceeded, so a hang in C code (a regex, numpy) is caught too; a memory
-cap turns a runaway allocation into a MemoryError.
+call through a small shared page (which call is running, since when) and kills the worker when
+it is exceeded, so a hang in C code (a regex, numpy) is caught too; a memory cap turns a runaway
+allocation into a MemoryError.
 
 The parent also assumes the worker may be compromised: workers answer in JSON (never pickle,
 which would run code in the parent), the parent reads only the bytes that are there (garbage in
-the pipe cannot block it), and a worker that dies, stalls, writes into its pipes or runs past
-the per-message budget fails the harness it was running. Nothing a worker does raises anything
-but CandidateFailure in the parent once the harnesses are loaded.
+the socket cannot block it), messages go out on a sender thread (a big chunk never blocks the
+watchdog), and a worker that dies, stalls, writes into its socket or runs past the per-message
+budget fails the harness it was running. Nothing a worker does raises anything but
+CandidateFailure in the parent once the harnesses are loaded.
 
-What this is not: a security boundary against code written to escape. Python objects are
-introspectable (any allowed module that imports os exposes `os.sys.modules`), so determined
-code can switch the guards off. They stop mistakes and the obvious attacks; a hostile threat
-model needs OS isolation (a container, seccomp, a read-only store mount) around the worker.
+`EVOTRAINER_HARNESS_ISOLATION=none` (documented in sandbox_launch.py) is the only way to run
+workers without the OS sandbox (forked from a local forkserver, guards only); without it, a
+machine that cannot give the sandbox fails with SandboxError.
 
-Layout: sandbox_worker.py is what runs inside a worker, sandbox_pool.py the parent's pool and
-call protocol, sandbox_failures.py the two failure types; this module re-exports their API.
+Layout: sandbox_worker.py is what runs inside a worker, sandbox_launch.py starts it in the OS
+sandbox, sandbox_pool.py the parent's pool and call protocol, sandbox_failures.py the two failure types; this module re-exports their API.
 """
 
 from evotrainer.harness.sandbox_failures import CandidateFailure, SandboxError

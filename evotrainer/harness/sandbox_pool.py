@@ -1,10 +1,12 @@
-"""The parent side of the harness sandbox: a pool of forkserver workers, the message protocol, the watchdog."""
+"""The parent side of the harness sandbox: a pool of sandboxed workers, the message protocol, the watchdog."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
 import os
+import pickle
+import queue
 import shutil
 import signal
 import struct
@@ -17,6 +19,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from evotrainer.harness.sandbox_failures import CandidateFailure, SandboxError
+from evotrainer.harness.sandbox_launch import INSIDE, SandboxedProcess, isolated
 from evotrainer.harness.sandbox_worker import (
     _CALLS,
     _LOAD,
@@ -59,21 +62,63 @@ _MAX_MESSAGE = 256 * 2**20
 
 
 class _Worker:
-    def __init__(self, ctx: Any, boot: _Boot):
-        self.marks = ctx.RawArray("d", 3)
+    """One worker process: in the OS sandbox (ctx None, sandbox_launch.py), or forked from the
+    local forkserver (the explicit opt-out)."""
+
+    def __init__(self, ctx: Any, harnesses: tuple, job: WorkerJob, memory_limit_mb: int):
         self.buffer = b""
         self.stalled_since: float | None = None
         self.since = 0.0  # when the message it now works on was sent, or its last reply came
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, self.marks, boot),
-                                   name="evotrainer-sandbox", daemon=True)
-        self.tmpdir = boot.tmpdir
-        self.labels = [label for label, _ in boot.harnesses]
+        self.labels = [label for label, _ in harnesses]
         self.ready = False
         self.busy: list[int] = []  # message indexes in flight, oldest first
-        with _START_LOCK, _worker_env():
-            self.process.start()
-        child.close()
+        self.isolation: dict[str, Any] = {}
+        self.tmpdir: str | None = None
+        if ctx is None:
+            self.process: Any = SandboxedProcess(memory_limit_mb, require_seccomp=False)
+            try:
+                self.process.start()  # SandboxError if the sandbox cannot be had: fail closed
+            except BaseException:
+                self.process.close()
+                raise
+            self.conn, self.marks = self.process.conn, self.process.marks
+            self.isolation = {k: self.process.status.get(k) for k in _ISOLATION_KEYS}
+            self._send_boot(_Boot(INSIDE, harnesses, job, memory_limit_mb, self.process.require_seccomp))
+        else:
+            self.tmpdir = tempfile.mkdtemp(prefix="evotrainer-sandbox-")
+            boot = _Boot(self.tmpdir, harnesses, job, memory_limit_mb, False)
+            self.marks = ctx.RawArray("d", 3)
+            self.conn, child = ctx.Pipe()
+            self.process = ctx.Process(target=_worker_main, args=(child, self.marks, boot),
+                                       name="evotrainer-sandbox", daemon=True)
+            with _START_LOCK, _worker_env():
+                self.process.start()
+            child.close()
+        # Messages go out on a thread: a large chunk must never block the parent in a send while
+        # the worker is busy, or the watchdog would stop watching.
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.sender = threading.Thread(target=self._sender, name="evotrainer-sandbox-send", daemon=True)
+        self.sender.start()
+
+    def _send_boot(self, boot: _Boot) -> None:
+        try:
+            self.conn.send(boot)
+        except OSError as exc:
+            self.process.close()
+            raise SandboxError(f"the sandboxed worker did not take its boot message: {exc}") from None
+
+    def post(self, message: Any) -> None:
+        self.outbox.put(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _sender(self) -> None:
+        while True:
+            data = self.outbox.get()
+            if data is None:
+                return
+            try:
+                self.conn.send_bytes(data)
+            except OSError:  # it died or closed its end: the sentinel tells the parent
+                return
 
     def read(self) -> list[list] | None:
         """The complete messages on the pipe now (None at EOF). Reads only what is there, so
@@ -130,6 +175,9 @@ class _Worker:
         return True
 
     def kill(self) -> None:
+        if isinstance(self.process, SandboxedProcess):
+            self.process.kill()
+            return
         if self.process.pid is not None and self.process.exitcode is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -145,17 +193,24 @@ class _Worker:
                 pass
             self.reap(2)
         self.kill()
+        self.outbox.put(None)
+        self.sender.join(timeout=2)  # the peer is gone, so a send in progress has failed by now
         self.conn.close()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        if isinstance(self.process, SandboxedProcess):
+            self.process.close()
+        else:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+_ISOLATION_KEYS = ("netns", "mountns", "pidns", "root", "uid", "no_new_privs")
 _preloaded = False
 
 
 def _context(job: WorkerJob) -> Any:
-    """The "forkserver" context: a clean server process (a fresh interpreter, never a fork of
-    this one, never running harness code) imports our worker modules once, and every worker is
-    forked from it in milliseconds instead of importing them again (~0.4 s each)."""
+    """Used only with the opt-out (sandbox_launch.ISOLATION_ENV=none). The "forkserver" context:
+    a clean server process (a fresh interpreter, never a fork of this one, never running harness
+    code) imports our worker modules once, and every worker is forked from it in milliseconds
+    instead of importing them again (~0.4 s each)."""
     global _preloaded
     ctx = multiprocessing.get_context("forkserver")
     if not _preloaded:  # only matters before the server starts, which the first worker does
@@ -205,14 +260,13 @@ class SandboxPool:
         self.size = max(1, int(workers))
         self.workers: list[_Worker] = []
         self.versions: dict[str, str] = {}
+        self.isolation: dict[str, Any] = {}
 
     def __enter__(self) -> "SandboxPool":
-        ctx = _context(self.job)
+        ctx = None if isolated() else _context(self.job)
         try:
             for _ in range(self.size):
-                tmpdir = tempfile.mkdtemp(prefix="evotrainer-sandbox-")
-                boot = _Boot(tmpdir, self.harnesses, self.job, self.limits.memory_limit_mb)
-                self.workers.append(_Worker(ctx, boot))
+                self.workers.append(_Worker(ctx, self.harnesses, self.job, self.limits.memory_limit_mb))
             self._await_ready()
         except BaseException:
             self.close()
@@ -236,7 +290,15 @@ class SandboxPool:
                 if kind != "ready":
                     raise SandboxError(f"worker sent {kind!r} before it was ready")
                 worker.ready = True
-                self.versions = payload
+                if not (isinstance(payload, list) and len(payload) == 2 and all(isinstance(p, dict) for p in payload)):
+                    label = worker.labels[-1]
+                    self.close()
+                    raise CandidateFailure("the sandbox worker sent a malformed ready message "
+                                           "(harness code wrote into its pipe?)", label)
+                self.versions = payload[0]
+                worker.isolation.update(payload[1])
+        # What the workers really got (the launcher's report and the worker's own), e.g. for a report.
+        self.isolation = dict(self.workers[0].isolation) if self.workers else {}
 
     def imap(self, messages: Iterable[Any]) -> Iterator[tuple[int, Any]]:
         pending = enumerate(messages)
@@ -252,10 +314,7 @@ class SandboxPool:
                         worker.since = time.monotonic()
                     worker.busy.append(item[0])
                     worker.stalled_since = None
-                    try:
-                        worker.conn.send(item[1])
-                    except OSError:  # it died (or its pipe was closed) under harness code
-                        self._died(worker)
+                    worker.post(item[1])  # a worker that died meanwhile shows on its sentinel
             if exhausted and not any(w.busy for w in self.workers):
                 return
             for worker, kind, payload in self._poll(None):
@@ -316,6 +375,8 @@ class SandboxPool:
         call = worker.current_call()
         self.close()
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        if code == -signal.SIGSYS:  # the seccomp filter's answer
+            how += ": a system call the sandbox forbids (a process, a program, a socket, ptrace...)"
         if call is not None:
             raise CandidateFailure(f"the worker process died ({how}) during {call[1]}", call[0])
         if not worker.ready:

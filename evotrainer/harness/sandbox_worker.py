@@ -223,6 +223,7 @@ class _Boot:
     harnesses: tuple[tuple[str, Mapping[str, str]], ...]
     job: Any
     memory_limit_mb: int
+    require_seccomp: bool = False  # in the OS sandbox without a fresh uid the filter is required
 
 
 def _send(conn: Connection, message: list) -> None:
@@ -249,7 +250,9 @@ def _close_resource_tracker() -> None:
         tracker._fd = None
 
 
-def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
+def _worker_main(conn: Connection, marks: Any, boot: _Boot, isolation: Mapping[str, Any] | None = None) -> None:
+    """The worker loop. `isolation`: what the OS sandbox gave this process (sandbox_launch.py),
+    sent to the parent with the ready message; None in a forkserver worker (the opt-out)."""
     os.setsid()  # its own process group, so a timeout kill takes anything it started with it
     os.chdir(boot.tmpdir)
     sys.dont_write_bytecode = True  # importlib writing .pyc files would look like a violation
@@ -257,6 +260,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     for fd in (1, 2):
         os.dup2(devnull, fd)
+    os.close(devnull)
     if boot.memory_limit_mb:  # a runaway allocation is a MemoryError in the harness, not host swap
         limit = boot.memory_limit_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -286,7 +290,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot) -> None:
             _send(conn, ["failed", label, f"loading the harness files attempted {guard.violations[0]}"])
             return
         harnesses[label] = SandboxedHarness(harness, label, slot, marks, guard)
-    _send(conn, ["ready", {label: h.version for label, h in harnesses.items()}])
+    _send(conn, ["ready", [{label: h.version for label, h in harnesses.items()}, dict(isolation or {})]])
     while True:
         marks[2] = 0.0  # waiting for work: the parent's stall check watches this
         try:

@@ -22,6 +22,7 @@ cfg = json.loads(sys.argv[1]); sfd = int(sys.argv[2]); st = {}
 os.set_inheritable(sfd, False)  # closes at exec: the parent reads the status until EOF
 NEWNS, NEWNET, NEWUSER, NEWPID = 0x00020000, 0x40000000, 0x10000000, 0x20000000
 REC, PRIV, BIND, NOSUID, NODEV, NOEXEC = 16384, 1 << 18, 4096, 2, 4, 8
+RDONLY, REMOUNT = 1, 32
 def report(**kw):
     st.update(kw)
     try:
@@ -62,7 +63,38 @@ try:
         except OSError:
             st["loopback"] = False
     st["mountns"] = False
-    if cfg["mountns"] and libc.unshare(NEWNS) == 0:
+    R = cfg.get("root")
+    def locked(path):  # a remount must keep the flags a user namespace locked on the source mount
+        f = os.statvfs(path).f_flag
+        return (f & (NOSUID | NODEV | NOEXEC | 1024 | 2048)) | ((1 << 21) if f & 4096 else 0)
+    def build_root(new):
+        # A fresh, empty root: only what R["binds"] names exists in it (read-only unless "rw").
+        mount("tmpfs", new, "tmpfs", NOSUID | NODEV, "size=%dm,mode=755" % cfg["tmpfs_mb"])
+        os.makedirs(new + "/proc")
+        for src, dst, kind in R["binds"]:
+            t = new + dst
+            if kind == "link":
+                os.makedirs(os.path.dirname(t), exist_ok=True); os.symlink(src, t); continue
+            if kind == "tmp":
+                os.makedirs(t, exist_ok=True)
+                mount("tmpfs", t, "tmpfs", NOSUID | NODEV, "size=%dm,mode=1777" % cfg["tmpfs_mb"]); continue
+            if os.path.isdir(src):
+                os.makedirs(t, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(t), exist_ok=True); open(t, "a").close()
+            mount(src, t, None, BIND | REC)
+            flags = {"ro": RDONLY | NODEV, "dev": RDONLY, "rw": NODEV}[kind]
+            mount(None, t, None, REMOUNT | BIND | NOSUID | flags | locked(src))
+        mount(None, new, None, REMOUNT | RDONLY | NOSUID | NODEV)
+    def enter_root():
+        if R and st["mountns"]:
+            os.chroot(R["dir"]); os.chdir("/"); st["root"] = True
+    newns = bool(cfg["mountns"]) and libc.unshare(NEWNS) == 0
+    if newns and R:
+        mount(None, "/", None, REC | PRIV)
+        build_root(R["dir"])
+        st["mountns"] = True
+    elif newns:
         mount(None, "/", None, REC | PRIV)
         keep = [(p, os.open(p, os.O_PATH)) for p in cfg["expose"] + [cfg["workdir"]]]
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -107,11 +139,14 @@ try:
             os._exit(code)
         libc.prctl(1, 9)
         if st["mountns"]:
-            mount("proc", "/proc", "proc", NOSUID | NODEV | NOEXEC)
+            mount("proc", (R["dir"] if R else "") + "/proc", "proc", NOSUID | NODEV | NOEXEC)
+        enter_root()
         command = os.fork()
         if command:
             os.close(sfd)
             os._exit(wait_for(command, True))
+    else:
+        enter_root()
     L = cfg["limits"]
     for name, soft, hard in (("RLIMIT_CPU", L["cpu_s"], L["cpu_s"] + 1), ("RLIMIT_AS", L["as"], L["as"]),
                              ("RLIMIT_FSIZE", L["fsize"], L["fsize"]), ("RLIMIT_CORE", 0, 0),
@@ -138,13 +173,42 @@ def _limits(cpu_s: int, mem_mb: int, fsize_mb: int, nproc: int) -> dict[str, int
 
 
 def _launcher_config(argv, work: Path, repo: Path, env, uid, limits, *, netns, mountns, pidns, cgroup, hide,
-                     exe) -> dict[str, Any]:
-    expose = _python_paths(exe) if uid is not None else []
+                     exe, root: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`root` ({"dir": an empty folder, "binds": [[src, dst, kind], ...]}, see `root_binds`): the
+    command runs chrooted in a fresh root that holds only those paths; `hide` is then moot."""
+    expose = _python_paths(exe) if uid is not None and root is None else []
     return {"cmd": list(argv), "exe": exe, "parent": os.getpid(), "env": dict(env), "cwd": str(repo), "workdir": str(work),
             "uid": uid, "limits": limits, "netns": netns, "mountns": mountns, "pidns": pidns, "cgroup": cgroup,
             "hide": hide, "expose": expose if mountns else [],
             "cover": _covers(expose) if mountns else [],
-            "tmpfs_mb": max(16, limits["fsize"] >> 20)}
+            "tmpfs_mb": max(16, limits["fsize"] >> 20), "root": dict(root) if root else None}
+
+
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def root_binds(exe: str, read_only: Sequence[str] = (), writable: Mapping[str, str] | None = None) -> list[list[str]]:
+    """The binds of a minimal root for a Python program: the system's programs and libraries, the
+    interpreter and its prefixes, harmless /dev nodes, a private /tmp, `read_only` host paths (at
+    the same place) and `writable` {host path: path inside}. Nothing else of the host exists in it:
+    no /home, /root, /etc, no workspace, no repository checkout."""
+    binds: list[list[str]] = []
+    for top in _SYSTEM_DIRS:
+        if os.path.islink(top):
+            binds.append([os.readlink(top), top, "link"])
+        elif os.path.isdir(top):
+            binds.append([top, top, "ro"])
+    binds += [[f, f, "ro"] for f in _SYSTEM_FILES if os.path.isfile(f)]
+    binds += [[d, d, "dev"] for d in _DEVICES if os.path.exists(d)]
+    binds.append(["", "/tmp", "tmp"])
+    system = tuple(d.rstrip("/") + "/" for d in _SYSTEM_DIRS)
+    for p in [*_python_paths(exe), *map(os.path.realpath, read_only)]:
+        if not (p + "/").startswith(system) and os.path.exists(p):
+            binds.append([p, p, "ro"])
+    binds += [[src, dst, "rw"] for src, dst in (writable or {}).items()]
+    return binds
 
 
 def _feed(pipe, data: bytes) -> None:
@@ -155,14 +219,19 @@ def _feed(pipe, data: bytes) -> None:
         pass  # the command exited without reading it all
 
 
-def _start(cfg: dict[str, Any], work: Path, with_stdin: bool = False) -> tuple[subprocess.Popen, dict[str, Any]]:
-    """Start the launcher; return the process and its status line (read before the command runs)."""
+def _start(cfg: dict[str, Any], work: Path, with_stdin: bool = False, pass_fds: Sequence[int] = (),
+           capture: bool = True) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """Start the launcher; return the process and its status line (read before the command runs).
+
+    `pass_fds` reach the command (the only descriptors it inherits besides 0-2); `capture=False`
+    sends its stdout and stderr to /dev/null instead of pipes the caller must drain."""
     rfd, wfd = os.pipe()
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg), str(wfd)],
-            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(wfd,), start_new_session=True, env={"PATH": PATH}, cwd=str(work), close_fds=True,
+            stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL, stdout=out, stderr=out,
+            pass_fds=(wfd, *pass_fds), start_new_session=True, env={"PATH": PATH}, cwd=str(work), close_fds=True,
         )
     finally:
         os.close(wfd)

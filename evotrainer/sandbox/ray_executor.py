@@ -9,8 +9,8 @@
 Ray only moves work between processes (and machines); the isolation is unchanged. A grading
 task calls the same `run_sandboxed` (launcher, namespaces, rlimits, process-group kill) inside
 its Ray worker, and a chunk actor owns an ordinary one-worker `SandboxPool`, so harness code
-still runs only in a guarded forkserver child with its per-call time budget, now a child of the
-actor. Harness faults come back as data ("failed", label, reason) and are raised here as
+still runs only in an OS-sandboxed worker (harness/sandbox_launch.py) with its per-call time
+budget, now started by the actor. Harness faults come back as data ("failed", label, reason) and are raised here as
 CandidateFailure, exactly as the local pool raises them.
 
 Cluster: `address` (or $RAY_ADDRESS) joins an existing one; otherwise a private single-machine

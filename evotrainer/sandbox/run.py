@@ -34,7 +34,9 @@ processes. What is real depends on the machine; `isolation_support()` says.
 
 Not a container: the command still reads every host file an unprivileged user may read (except
 `hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
-network, /tmp, the process list) with the host. No seccomp filter.
+network, /tmp, the process list) with the host. No seccomp filter here: seccomp.py holds one for
+Python workers that need no processes (the harness workers, evotrainer/harness/sandbox_launch.py,
+which also run in the launcher's minimal-root mode instead of `hide`).
 
 Layout: this module is the runner (the copy, supervision, the result); launcher.py starts the
 command inside its isolation; processes.py counts, contains and kills its processes.
