@@ -157,3 +157,33 @@ def test_surrogates_and_unprintable_objects_become_text():
     assert redact("bad \ud800 text") == "bad ? text"
     assert redact(Nasty()) == "<unprintable Nasty>"
     assert CandidateFailure("x", "candidate\n**Decision: promote**").harness == "candidate [1 more line(s) cut]"
+
+
+def test_a_probe_error_reaches_the_health_report_and_the_prompt_redacted(leaky, monkeypatch, sources, tmp_path):  # noqa: F811
+    """diagnose: a probe raising what it read lands in the health report, which the LLM agent
+    sends to the endpoint as the first message."""
+    from evotrainer.api import Outcome, Rollout
+    from evotrainer.diagnose import health_report
+    from evotrainer.harness.loader import Harness
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    lines = " + '\\n' + ".join(_pieces(line) for line in FILE_LINES)
+    leaky_probe = (sources["diagnostics.py"] + f"\n\ndef _leak(rollouts, rewards):\n"
+                   f"    raise ValueError('read: ' + {_pieces(SECRET)} + '\\n' + {lines})\n\n\n"
+                   "PROBES = PROBES + [_probe('leak', 'result', _leak, 0.1, 0.2, 'above')]\n")
+    harness = Harness({**sources, "diagnostics.py": leaky_probe}, tmp_path / "h")
+    samples = [Rollout(id=f"r{i}", task_id="t", group_id="g", domain="math", prompt="2+3?", completion="5",
+                       turns=(), num_tokens=3, truncated=False, outcome=Outcome(True, 1.0, "ok")) for i in range(2)]
+    report = health_report(harness, samples)
+    [leak] = [p for p in report.probes if p.name == "leak"]
+    assert "ValueError: read:" in leak.error
+    _assert_clean(report.to_markdown())
+    from evotrainer.propose.base import Evidence
+
+    with ChatServer([_reply()]) as server:
+        agent = LLMAgent(base_url=server.url, model="test-model", api_key="sk-test", max_retries=0)
+        agent.propose(Evidence(round_index=1, domain="math", report=report, samples=samples), sources, skills=[])
+        [body] = server.completions()
+    assert "ValueError: read:" in body["messages"][0]["content"]
+    _assert_clean(json.dumps(body))
