@@ -270,3 +270,16 @@ def test_bad_ids_file_lines_are_named_by_line(tmp_path, content, expected):
     res = _backtest(tmp_path, ids)
     assert res.exit_code == 2 and f"{ids}{expected}" in res.output, res.output
     assert "abcd" not in res.output.replace(" ", "") and "xxxxxxxx" not in res.output
+
+
+def test_an_ids_file_under_proc_is_read_no_further_than_needed(tmp_path):
+    res = _backtest(tmp_path, Path("/proc/self/environ"))  # size 0 on disk, NUL-separated secrets
+    assert res.exit_code == 2 and "/proc/self/environ:1:" in res.output, res.output
+    assert os.environ.get("PATH", "-") not in res.output
+
+
+def test_an_ids_file_line_without_end_is_cut_short(tmp_path):
+    ids = tmp_path / "blob"
+    ids.write_bytes(b"r00001\n" + SECRET.encode() * 10_000)
+    res = _backtest(tmp_path, ids)
+    assert res.exit_code == 2 and f"{ids}:2: over 4096 bytes" in res.output and SECRET not in res.output

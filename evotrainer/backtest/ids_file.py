@@ -2,7 +2,7 @@
 
 A path typed by mistake (a key file, a config) must not be printed back in an error, so each
 message names the file and line and says what is wrong, never what the line holds. Blank lines
-and lines starting with `#` are skipped. The file is at most MAX_BYTES (64 MiB).
+and lines starting with `#` are skipped. The file is at most MAX_BYTES (64 MiB), a line 4 KiB.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from evotrainer.store.models import RolloutRow
 
 MAX_BYTES = 64 * 2**20
 _ID_CHARS = RolloutRow.__table__.c.id.type.length
+_LINE = 4096  # bytes: a line is read this far at most (an id, or a comment)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
@@ -23,9 +24,15 @@ def read_ids(path: Path) -> tuple[str, ...]:
         raise ValueError(f"ids file not found: {path}")
     if path.stat().st_size > MAX_BYTES:
         raise ValueError(f"{path}: over {MAX_BYTES // 2**20} MiB; an ids file holds one rollout id a line")
-    ids = []
+    ids, size = [], 0
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+        # Counted as read too: files under /proc report a size of 0 whatever they hold.
+        for number, raw in enumerate(iter(lambda: f.readline(_LINE + 1), b""), 1):
+            size += len(raw)
+            if size > MAX_BYTES:
+                raise ValueError(f"{path}: over {MAX_BYTES // 2**20} MiB; an ids file holds one rollout id a line")
+            if len(raw) > _LINE:
+                raise ValueError(f"{path}:{number}: over {_LINE} bytes, longer than any rollout id")
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError:

@@ -15,8 +15,8 @@ The rules, in order:
    Values that are paths are left to rule 3, which also hides where they point.
 3. Absolute paths keep only their last part: `/home/me/ws/store.db` becomes `…/store.db`.
 4. Token-like runs (20 or more characters of letters, digits and `_+/=-` with upper case, lower
-   case and a digit, as API keys and base64 are) become `[redacted]`. Lower-case hex (commit
-   shas, uuid hex ids) stays readable.
+   case and a digit, as API keys and base64 are) become `[redacted]`, and so does lower-case hex
+   longer than a sha1 (a hex-encoded secret); commit shas and uuid hex ids stay readable.
 5. One line: only the first line of the text is kept (the exception's type and message head);
    the rest, which is where a file dump or a traceback goes, is cut and counted. A trailing
    "(on rollout ID)" / "(on group ID)" on the last line, which the backtest adds, is kept.
@@ -48,6 +48,7 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]"          # CSI: colours, cursor mo
 _LINE_BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]+")
 _PATH = re.compile(r"(?<![\w.~$/…-])~?(?:/[^\s/'\"`()\[\]{},;:=]+)*/(?=[^\s/'\"`()\[\]{},;:=])")
 _TOKEN = re.compile(r"[A-Za-z0-9_+/=-]{20,}")
+_HEX = re.compile(r"[0-9a-f]+")
 _SUFFIX = re.compile(r"\s\(on (?:rollout|group) [^\s()]{1,256}\)$")
 
 
@@ -79,6 +80,8 @@ def _env_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
 def _token(match: re.Match) -> str:
     word = match.group(0)
     if any(c.isupper() for c in word) and any(c.islower() for c in word) and any(c.isdigit() for c in word):
+        return "[redacted]"
+    if len(word) > 40 and _HEX.fullmatch(word):  # longer than a sha1: a hex-encoded secret
         return "[redacted]"
     return word
 
