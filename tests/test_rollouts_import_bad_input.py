@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,7 @@ def test_two_concurrent_imports_of_one_file_store_each_rollout_once(tmp_path, fr
     workdir.mkdir()
     if not fresh:
         Store.open(workdir).close()
-    n = 3000
+    n = 1000
     path = tmp_path / "many.jsonl"
     path.write_text("".join(json.dumps(good(i)) + "\n" for i in range(n)))
     env = {k: v for k, v in os.environ.items() if k not in ("EVOTRAINER_STORE_URL", "EVOTRAINER_WORKDIR")}
@@ -227,6 +228,60 @@ def test_two_concurrent_imports_of_one_file_store_each_rollout_once(tmp_path, fr
     [(_, _, loser)] = [r for r in results if r[0] == 1]
     assert f"imported {n} rollout(s)" in winner
     assert f"{path}:1: the id is already in the store" in loser and f"{n} bad line(s), nothing imported" in loser
+    with Store.open(workdir) as store:
+        ids = [sr.rollout.id for sr in store.iter_rollouts()]
+    assert len(ids) == len(set(ids)) == n
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_writer_that_stores_the_same_ids_during_the_import(tmp_path):
+    """Deterministic race: another writer (a trainer, another import) holds the store's write
+    lock with the same ids uncommitted while the import checks them, and commits while the
+    import waits for the lock. The import's insert then hits the unique id: it must say
+    "already in the store", store nothing, and leave every rollout stored once."""
+    import threading
+
+    from evotrainer.store.jsonl import from_export_dict
+
+    workdir = tmp_path / "work"
+    Store.open(workdir).close()
+    n = 1000  # one add_rollouts batch: the writer's rows are flushed, its lock held, while it waits
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(good(i)) + "\n" for i in range(n)))
+    release, holding = threading.Event(), threading.Event()
+
+    def rows():
+        yield from (from_export_dict(good(i)) for i in range(n))
+        holding.set()
+        release.wait(120)
+
+    writer_store = Store.open(workdir)
+    writer = threading.Thread(target=writer_store.add_rollouts, args=(rows(),))
+    writer.start()
+    try:
+        assert holding.wait(60)
+        env = {k: v for k, v in os.environ.items() if k not in ("EVOTRAINER_STORE_URL", "EVOTRAINER_WORKDIR")}
+        proc = subprocess.Popen([sys.executable, "-m", "evotrainer", "rollouts", "import", str(path), "-w", str(workdir)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Blocked on the lock = no CPU used for a while (SQLite's busy handler sleeps).
+        last, still = -1, 0
+        while proc.poll() is None and still < 15:
+            time.sleep(0.1)
+            ticks = _cpu_ticks(proc.pid)
+            still = still + 1 if ticks == last else 0
+            last = ticks
+    finally:
+        release.set()
+        writer.join(60)
+        writer_store.close()
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" not in out + err, err
+    assert proc.returncode == 1, (out, err)
+    assert f"{path}:1: the id is already in the store" in err and f"{n} bad line(s), nothing imported" in err
     with Store.open(workdir) as store:
         ids = [sr.rollout.id for sr in store.iter_rollouts()]
     assert len(ids) == len(set(ids)) == n
