@@ -128,6 +128,7 @@ def test_diagnose_cli_on_imported_rollouts(tmp_path: Path) -> None:
     _register_subapps()
     cli = CliRunner()
     work = tmp_path / "work"
+    work.mkdir()  # import never creates the workspace folder
     src = _jsonl(tmp_path / "rollouts.jsonl", batch())
     res = cli.invoke(app, ["rollouts", "import", str(src), "--workdir", str(work)], env=ENV)
     assert res.exit_code == 0 and "imported 40" in res.stdout, res.output

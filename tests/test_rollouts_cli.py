@@ -94,12 +94,14 @@ def test_export_then_import_round_trip(work: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0 and len(res.stdout.splitlines()) == 3
 
     fresh = tmp_path / "fresh"
+    fresh.mkdir()  # import never creates a workspace folder: a mistyped --workdir is an error
     res = cli("import", str(out), "-w", str(fresh))
     assert res.exit_code == 0 and "imported 7" in res.stdout
     again = tmp_path / "again.jsonl"
     assert cli("export", str(again), "-w", str(fresh)).exit_code == 0
     assert out.read_bytes() == again.read_bytes()
 
+    (tmp_path / "stdin").mkdir()
     res = cli("import", "-", "-w", str(tmp_path / "stdin"), input=out.read_text(encoding="utf-8"))
     assert res.exit_code == 0 and "imported 7" in res.stdout
 
@@ -114,16 +116,17 @@ def test_import_bad_file_exits_1_and_stores_nothing(work: Path, tmp_path: Path) 
     path.write_text("\n".join([lines[0], "oops", json.dumps(bad), lines[0]]) + "\n", encoding="utf-8")
 
     target = tmp_path / "target"
+    target.mkdir()
     res = cli("import", str(path), "-w", str(target))
     assert res.exit_code == 1
-    for expected in ["line 2: invalid JSON", "line 3: field 'outcome'", "line 4: duplicate id"]:
+    for expected in [f"{path}:2: invalid JSON", f"{path}:3: field 'outcome'", f"{path}:4: duplicate id"]:
         assert expected in res.stderr, res.stderr
     with Store.open(target) as store:
         assert store.count_rollouts() == 0
 
     res = cli("import", str(path), "-w", str(target), "--skip-bad")
     assert res.exit_code == 0 and "imported 1 rollout(s), skipped 3" in res.stdout
-    assert "line 3:" in res.stderr
+    assert f"{path}:3:" in res.stderr
     with Store.open(target) as store:
         assert store.count_rollouts() == 1
     assert cli("import", str(tmp_path / "missing.jsonl"), "-w", str(target)).exit_code == 1

@@ -246,7 +246,7 @@ def test_import_reports_every_bad_line_and_stores_nothing(tmp_path: Path, store:
     assert "invalid JSON" in errors[2]
     assert "task_id" in errors[3]
     assert "num_tokens" in errors[5]
-    assert "outcome" in errors[6] and "great" in errors[6]
+    assert "outcome kind <value> is not one of" in errors[6] and "great" not in errors[6]  # no file content
     assert "duplicate" in errors[8] and "line 1" in errors[8]
     assert "already in the store" in errors[9]
     assert "meta.train.reward" in errors[10]

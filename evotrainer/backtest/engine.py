@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.backtest.ids_file import read_ids
 from evotrainer.backtest.metrics import Tally, group_advantages, is_flagged, reward_histogram
 from evotrainer.config import GateConfig
 from evotrainer.harness.loader import HARNESS_FILES
@@ -93,11 +94,7 @@ class Selector:
                 fields[key] = value
             elif key == "ids":
                 if value.startswith("@"):
-                    path = Path(value[1:]).expanduser()
-                    if not path.is_file():
-                        raise ValueError(f"ids file not found: {path}")
-                    fields["ids"] = tuple(line.strip() for line in path.read_text().splitlines()
-                                          if line.strip() and not line.startswith("#"))
+                    fields["ids"] = read_ids(Path(value[1:]).expanduser())
                 else:
                     fields["ids"] = tuple(i.strip() for i in value.split(";") if i.strip())
             else:
@@ -169,9 +166,11 @@ def resolve(store: Store, selector: Selector) -> Selection:
             if found != len(selector.ids):
                 sample = selector.ids[:_IN * 4]
                 known = store.existing_ids(sample)
-                missing = [rid for rid in sample if rid not in known]
-                raise ValueError(f"{len(selector.ids) - found} listed rollout id(s) are not in the store"
-                                 f" (e.g. {', '.join(missing[:3])})")
+                # Entry numbers, not ids: the list may come from a file never meant to be shown.
+                missing = [str(i) for i, rid in enumerate(sample, 1) if rid not in known]
+                raise ValueError(f"{len(selector.ids) - found} of the {len(selector.ids)} listed rollout "
+                                 f"id(s) are not in the store (list entries {', '.join(missing[:3])}"
+                                 f"{', ...' if len(missing) > 3 else ''})")
             return Selection(selector, None, len(selector.ids))
         run_id = None
         if selector.run is not None:

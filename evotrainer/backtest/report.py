@@ -125,6 +125,12 @@ def helps(name: str, delta: float | None) -> bool | None:
     return (delta < 0) == LOWER_IS_BETTER[name]
 
 
+def _untrusted(reason: str) -> str:
+    """A failure's reason holds text harness code raised (redacted, one line, no backticks):
+    a code span, so that nothing in it renders as Markdown or HTML."""
+    return "`" + reason.replace("`", "'") + "`"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     from evotrainer.backtest.engine import Selector
 
@@ -138,7 +144,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"**Decision: {report['decision']}**" + (f" (target: `{report['target']}`)" if report["target"] else ""),
         "",
-        *[f"- {reason}" for reason in report["reasons"]],
+        *[f"- {_untrusted(reason) if report.get('failure') else reason}" for reason in report["reasons"]],
         "",
     ]
     base, cand = report["metrics"]["base"], report["metrics"]["candidate"]

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console, Group
+from sqlalchemy.exc import DBAPIError
 from rich.panel import Panel
 from rich.progress import Progress
 from rich.table import Table
@@ -226,20 +227,31 @@ def import_(
     workdir: Workdir = DEFAULT_WORKDIR,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Store the valid lines and report the bad ones, instead of storing nothing.")] = False,
 ) -> None:
-    """Import rollouts from JSONL. Every line is validated first; any bad line stores nothing."""
+    """Import rollouts from JSONL. Every line is validated first; any bad line stores nothing.
+
+    Lines are at most 8 MiB and nest at most 100 levels; errors name the line and field,
+    never what the line holds. The workspace folder must exist (a mistyped --workdir is
+    an error, not a new empty workspace)."""
     if file != "-" and not Path(file).is_file():
         raise _fail(f"no such file: {file}")
+    if not os.environ.get(STORE_URL_ENV) and not workdir.is_dir():
+        raise _fail(f"no workspace folder {workdir} (create it first, or set --workdir or {WORKDIR_ENV})")
     err = _err()
+    where = "<stdin>" if file == "-" else file
     with _open(workdir, must_exist=False) as store:
         try:
-            summary = import_jsonl(store, sys.stdin if file == "-" else Path(file),
+            summary = import_jsonl(store, sys.stdin.buffer if file == "-" else Path(file),
                                    skip_bad=skip_bad)
         except ImportErrors as exc:
             for line, message in exc.errors:
-                err.print(Text.assemble((f"line {line}: ", "bold red"), message))
+                err.print(Text.assemble((f"{where}:{line}: ", "bold red"), message), soft_wrap=True)
             raise _fail(f"{len(exc.errors)} bad line(s), nothing imported "
                         "(--skip-bad imports the valid lines)") from None
+        except DBAPIError as exc:  # the transaction rolled back; say why without its SQL or values
+            lines = str(exc.orig).strip().splitlines() or [""]
+            raise _fail(f"the store refused the import, nothing imported: {type(exc.orig).__name__}: "
+                        f"{lines[0][:200]}") from None
     for line, message in summary.skipped:
-        err.print(Text.assemble((f"line {line}: ", "yellow"), message, " (skipped)"))
+        err.print(Text.assemble((f"{where}:{line}: ", "yellow"), message, " (skipped)"), soft_wrap=True)
     skipped = f", skipped {len(summary.skipped)} bad line(s)" if summary.skipped else ""
     typer.echo(f"imported {summary.imported} rollout(s){skipped}")

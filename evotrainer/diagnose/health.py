@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from evotrainer.api import Rollout
 from evotrainer.harness.loader import Harness, HarnessError, Probe
+from evotrainer.harness.redact import redact
 from evotrainer.store import StoredRollout
 
 LEVELS = ("ok", "warn", "critical", "n/a")
@@ -191,7 +192,7 @@ def health_report(harness: Harness, rows: Iterable[StoredRollout | Rollout], *, 
         try:
             value, error = probe.evaluate(rollouts, rewards), None
         except HarnessError as exc:
-            value, error = None, str(exc)
+            value, error = None, redact(exc)  # harness-shaped text: it goes into the LLM agent's prompt
         level = probe.level(value)
         ids = _examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
         results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from evotrainer.harness.redact import redact
+
 
 class CandidateFailure(Exception):
-    """A harness fault that rejects that harness (not the run); `harness` is its label."""
+    """A harness fault that rejects that harness (not the run); `harness` is its label.
+
+    The reason is redacted as it is made (evotrainer.harness.redact): it is text harness code
+    could shape, and it flows into reports, the store and the LLM agent's prompt. The parent
+    rebuilds every failure a worker reports, so the parent's own secrets are what it removes.
+    """
 
     def __init__(self, reason: str, harness: str = "candidate"):
+        reason, harness = redact(reason), redact(harness, limit=64)
         super().__init__(reason)
         self.reason = reason
         self.harness = harness

@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Mapping
 from evotrainer.api import Rollout, rollout_from_dict, rollout_to_dict
 from evotrainer.backtest.engine import Selector
 from evotrainer.backtest.metrics import reward_histogram
+from evotrainer.harness.redact import redact
 from evotrainer.harness.repo import HarnessRepo, HarnessRepoError
 from evotrainer.harness.sandbox import CandidateFailure, SandboxError, SandboxLimits, SandboxPool
 from evotrainer.store import Store
@@ -97,7 +98,7 @@ def reward_distributions(store: Store, repo: HarnessRepo, reports: list[dict]) -
             try:
                 results.append(_score(repo, sorted(set(shas)), [(shas, rollouts)])[0])
             except (CandidateFailure, SandboxError) as exc:
-                results.append({"error": str(exc)})
+                results.append({"error": redact(exc)})  # a worker's traceback or a harness's words
     for (bt, shas, rollouts), rewards in zip(work, results):
         if "error" in rewards:
             out[bt["id"]] = rewards

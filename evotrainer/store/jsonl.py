@@ -5,11 +5,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, BinaryIO, Callable, Iterator, TextIO
+
+from sqlalchemy.exc import IntegrityError
 
 from evotrainer.api import rollout_from_dict, rollout_to_dict
+from evotrainer.store import line_checks
 from evotrainer.store.store import Store, StoredRollout
 
 # The store-only fields, carried in meta["train"] so the line stays a valid api rollout.
@@ -104,53 +109,84 @@ def export_jsonl(store: Store, out: TextIO, *, on_row: Callable[[], None] | None
     return n
 
 
-def _lines(source: TextIO) -> Iterator[tuple[int, str]]:
-    for number, line in enumerate(source, 1):
-        if line.strip():
-            yield number, line
+def _parse(raw: bytes | None) -> StoredRollout:
+    sr = from_export_dict(line_checks.parse(raw))
+    line_checks.check_columns(sr)
+    return sr
 
 
-def _parse(line: str) -> StoredRollout:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-    return from_export_dict(data)
+def _binary(source: Path | str | TextIO | BinaryIO) -> tuple[BinaryIO, bool]:
+    """A seekable byte stream of the source, and whether we opened it (and must close it)."""
+    if isinstance(source, (str, Path)):
+        return open(source, "rb"), True
+    if isinstance(source, io.TextIOBase):
+        buffer = getattr(source, "buffer", None)
+        if buffer is None:  # an in-memory text stream: lone surrogates stay invalid bytes
+            return io.BytesIO(source.read().encode("utf-8", "surrogatepass")), True
+        source = buffer
+    if source.seekable():
+        return source, False
+    # stdin: spooled to disk past 64 MiB, so a big import does not sit in memory
+    spool = tempfile.SpooledTemporaryFile(max_size=64 * 2**20)
+    shutil.copyfileobj(source, spool, 2**20)
+    spool.seek(0)
+    return spool, True
 
 
-def import_jsonl(store: Store, source: Path | str | TextIO, *, skip_bad: bool = False
+def import_jsonl(store: Store, source: Path | str | TextIO | BinaryIO, *, skip_bad: bool = False
                  ) -> ImportSummary:
     """Validate every line, then store all of them in one transaction, or none.
 
-    Two passes over the file keep memory to the set of ids; a stream that cannot seek
-    (stdin) is read into memory first. With `skip_bad`, good lines are stored and the bad
-    ones returned; without it any bad line raises ImportErrors and nothing is stored.
+    Two passes over the file keep memory to the set of ids. With `skip_bad`, good lines are
+    stored and the bad ones returned; without it any bad line raises ImportErrors and nothing
+    is stored. Messages name the line and field, never what the file holds (line_checks).
+    Another import that stores the same ids first (two imports of one file at once) makes
+    those lines "already in the store": this one stores nothing (or, with `skip_bad`, the rest).
     """
-    if isinstance(source, (str, Path)):
-        with open(source, encoding="utf-8") as f:
-            return import_jsonl(store, f, skip_bad=skip_bad)
-    if not source.seekable():
-        source = io.StringIO(source.read())
+    stream, owned = _binary(source)
+    try:
+        return _import(store, stream, skip_bad)
+    finally:
+        if owned:
+            stream.close()
 
+
+def _again(source: BinaryIO, good: set[int]) -> Iterator[StoredRollout]:
+    """The second pass: the lines that passed the first, parsed again."""
+    for number, raw in line_checks.lines(source):
+        if number in good:
+            try:
+                yield _parse(raw)
+            except ValueError:  # raised inside the store's transaction: it rolls back whole
+                raise ImportErrors([(number, "the file changed during the import")]) from None
+
+
+def _import(store: Store, source: BinaryIO, skip_bad: bool) -> ImportSummary:
     errors: list[tuple[int, str]] = []
     first_line: dict[str, int] = {}
-    for number, line in _lines(source):
+    for number, raw in line_checks.lines(source):
         try:
-            rid = _parse(line).rollout.id
+            rid = _parse(raw).rollout.id
         except ValueError as exc:
-            errors.append((number, str(exc)))
+            errors.append((number, line_checks.no_content(str(exc))))
             continue
         if rid in first_line:
-            errors.append((number, f"duplicate id {rid!r} (first on line {first_line[rid]})"))
+            errors.append((number, f"duplicate id (first on line {first_line[rid]})"))
         else:
             first_line[rid] = number
-    for rid in store.existing_ids(first_line):
-        errors.append((first_line.pop(rid), f"id {rid!r} is already in the store"))
-    errors.sort()
-    if errors and not skip_bad:
-        raise ImportErrors(errors)
-
-    good = set(first_line.values())
-    source.seek(0)
-    imported = store.add_rollouts(_parse(line) for n, line in _lines(source) if n in good)
-    return ImportSummary(imported=imported, skipped=errors)
+    while True:
+        for rid in store.existing_ids(first_line):
+            errors.append((first_line.pop(rid), "the id is already in the store"))
+        errors.sort()
+        if errors and not skip_bad:
+            raise ImportErrors(errors)
+        source.seek(0)
+        try:
+            imported = store.add_rollouts(_again(source, set(first_line.values())))
+        except IntegrityError:
+            # Another writer stored some of these ids after our check; our transaction rolled
+            # back whole. Check again: those lines are now "already in the store".
+            if not store.existing_ids(first_line):
+                raise
+            continue
+        return ImportSummary(imported=imported, skipped=errors)
