@@ -33,6 +33,9 @@ class ProgressCallback(TrainerCallback):
         info = (f"reward {logs['reward']:.3f}  success {logs.get('verified/success', 0):.2f}  "
                 f"kept {logs.get('harness/kept_ratio', 1):.2f}  step {logs.get('step_time', 0):.1f}s")
         self.progress.update(self.task_id, info=info)
+        if not self.progress.console.is_terminal:  # a log or a pipe sees no live bar: one line a step
+            task = next(t for t in self.progress.tasks if t.id == self.task_id)
+            self.progress.console.print(f"{task.description} step {state.global_step}/{task.total:g}: {info}")
 
 
 class CrashPointCallback(TrainerCallback):
