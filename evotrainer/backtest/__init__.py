@@ -4,7 +4,9 @@
     check = replay(workdir, report["id"])                     # same rollouts, same numbers?
 
 Both harness versions are read from commits of `<workdir>/harnesses` and run only inside sandboxed
-worker processes (evotrainer.harness.sandbox); the gate's margins and limits come from config.
+worker processes (evotrainer.harness.sandbox), each version in workers of its own that return raw
+values; the gate's margins and limits come from config. A promotion also needs the candidate's
+rerun in fresh workers to give the very same values (engine.recheck).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from evotrainer.backtest.engine import (
     BacktestRun,
     HarnessVersion,
     Selector,
+    recheck,
     run_backtest,
 )
-from evotrainer.backtest.gate import GateDecision, decide, target_from_trailer
+from evotrainer.backtest.gate import Check, GateDecision, decide, target_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, METRICS, SAFETY_METRICS, Tally, group_advantages
 from evotrainer.backtest.report import build_report, find_report, load_report, new_id, render_markdown, write_report
 from evotrainer.config import GateConfig
@@ -43,6 +46,15 @@ def _run_and_decide(store: Store, base: HarnessVersion, candidate: HarnessVersio
     metrics = run.metrics or {}
     decision = decide(metrics.get("base"), metrics.get("candidate"), gate, declared_target=declared,
                       failure=run.failure, candidate_seconds=run.timings.get("candidate_s", 0.0))
+    if decision.decision == "promote":  # only a promotion pays for the rerun in fresh workers
+        why_not = recheck(store, candidate, run, gate, executor=kwargs.get("executor", "local"))
+        if why_not is not None:
+            check = Check("deterministic", False, why_not)
+            return run, GateDecision("reject", decision.target, [why_not], [*decision.checks, check])
+        check = Check("deterministic", True, f"a second, fresh worker gave the candidate's very same raw "
+                      f"values for all {run.selection.count} rollouts")
+        decision = GateDecision("promote", decision.target, [*decision.reasons, check.detail],
+                                [*decision.checks, check])
     return run, decision
 
 

@@ -263,6 +263,12 @@ def harness_version(sources: Mapping[str, str]) -> str:
     return digest.hexdigest()[:12]
 
 
+def weighted_reward(weights: Mapping[str, float], components: Mapping[str, float]) -> float:
+    """The training reward: the weighted sum of reward components (a component without a weight
+    counts 1.0). Plain arithmetic, so trusted code applies it to values a worker returned."""
+    return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
+
+
 # ---------------------------------------------------------------- the harness
 
 
@@ -300,8 +306,7 @@ class Harness:
 
     def training_reward(self, components: Mapping[str, float]) -> float:
         """The weighted sum of reward components; a component without a weight counts 1.0."""
-        weights = self.spec.reward_weights
-        return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
+        return weighted_reward(self.spec.reward_weights, components)
 
     def keep_rollout(self, rollout: Rollout) -> bool:
         value = _call("filters.py", "keep_rollout", self._keep_rollout, rollout)
