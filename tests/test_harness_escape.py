@@ -548,3 +548,29 @@ for p in pids:
 value = 100 * leaks + max(0, len(pids) - 2)
 ''')
     assert value == 0
+
+
+@pytest.mark.parametrize("payload", [b"[" * 200_000 + b"]" * 200_000, b'{"a":' * 200_000 + b"1" + b"}" * 200_000])
+def test_a_deeply_nested_frame_from_the_worker_fails_the_candidate_not_the_parent(payload):
+    """A worker's harness code writes its own frame to the message socket: JSON nested far past
+    the parent's recursion limit. Decoding it must fail the candidate, never raise in the parent."""
+    reward = SEED_REWARD + f'''
+
+def reward(rollout):
+{_indent(GUARD_OFF, 4)}
+    import struct
+    payload = {payload!r}
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + f).startswith("socket:"):
+                os.write(int(f), struct.pack("!i", len(payload)) + payload)
+        except OSError:
+            pass
+    return {{"correct": 1.0, "format": 0.0}}
+'''
+    r = Rollout(id="a", task_id="t", group_id="g", domain="math", prompt="p", completion="c", turns=(),
+                outcome=Outcome(True, 1.0, "ok", ()), num_tokens=3, truncated=False, meta={})
+    with pytest.raises(CandidateFailure) as failure:
+        with SandboxPool([("candidate", {**SEED, "reward.py": reward})], RewardJob(), 1) as pool:
+            list(pool.imap([(["candidate"], [rollout_to_dict(r)])]))
+    assert failure.value.harness == "candidate"

@@ -146,6 +146,8 @@ class _Worker:
                 message = json.loads(payload)
             except ValueError:
                 raise _Corrupt("a frame that is not JSON") from None
+            except RecursionError:  # nested past the parent's stack: a worker's own frame
+                raise _Corrupt("a frame nested too deeply") from None
             if not (isinstance(message, list) and message and _KINDS.get(message[0]) == len(message)):
                 raise _Corrupt("a message of unknown shape")
             out.append(message)
