@@ -216,16 +216,18 @@ class Coevolution:
             self.console.print("no candidate passed the gate: main is unchanged")
             return
         best = passing[0]
-        if self.approve is not None:
-            from evotrainer.backtest import load_report
+        from evotrainer.backtest import load_report
 
-            report = load_report(self.ws.backtests, best.backtest)
-            if not self.approve(best, report, self.repo.diff("main", best.branch)):
+        report = load_report(self.ws.backtests, best.backtest)
+        if self.approve is not None:
+            if not self.approve(best, report, self.repo.diff("main", report["candidate"])):
                 best.decision = "reject"
                 best.reasons.append("rejected by the reviewer (--approve)")
                 self.console.print(f"{best.branch}: not promoted (reviewer said no)")
                 return
-        merge = self.repo.promote(best.branch, f"passed backtest {best.backtest} in round {state.round}")
+        # The commit the gate passed, not whatever the branch points at now.
+        merge = self.repo.promote(best.branch, f"passed backtest {best.backtest} in round {state.round}",
+                                  tested=report["candidate"])
         state.pending = Pending(merge=merge, branch=best.branch, skill=best.skill, params=best.params,
                                 backtest=best.backtest, target=best.targets, round=state.round)
         self.console.print(f"[green]promoted[/] {best.branch} as {merge[:8]}")
@@ -359,7 +361,7 @@ class Coevolution:
             diagnosis=f"{pending.branch} passed its backtest on {pending.target} but {verdict.describe()}",
             targets="diagnostics",
             expected=f"alert when verified failures earn training reward, as under {pending.branch}")
-        self.repo.promote(cand.branch, "diagnostics revision after a live contradiction")
+        self.repo.promote(cand.branch, "diagnostics revision after a live contradiction", tested=cand.sha)
 
 
 def _decisive(reasons: list[str]) -> str:
