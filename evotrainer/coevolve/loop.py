@@ -154,11 +154,11 @@ class Coevolution:
     def stage_diagnose(self, state: RunState) -> None:
         from evotrainer.diagnose import health_report, write_report
 
-        harness = self.repo.load("main")
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
-        self.report = health_report(harness, rows)
+        with self.repo.load("main") as harness:  # its code runs in a sandbox worker
+            self.report = health_report(harness, rows)
         self._add_guard_probe(state)
         write_report(self.report, self.ws.root / "diagnostics", f"{self.config.run_name}-round-{state.round}")
         for p in self.report.alerts:

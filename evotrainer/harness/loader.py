@@ -488,6 +488,18 @@ class Harness:
         weights = self.spec.reward_weights
         return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
 
+    def rewards(self, rollouts: Sequence[Rollout]) -> list[dict[str, float]]:
+        """reward() of each rollout (the batched form IsolatedHarness sends in one message)."""
+        return [self.reward(r) for r in rollouts]
+
+    def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
+        """Per group, each rollout's kept flag: keep_group() and, for a kept group, keep_rollout()."""
+        out = []
+        for rollouts, rewards in groups:
+            group = self.keep_group(rollouts, rewards)
+            out.append([group and self.keep_rollout(r) for r in rollouts])
+        return out
+
     def keep_rollout(self, rollout: Rollout) -> bool:
         value = _call("filters.py", "keep_rollout", self._keep_rollout, rollout)
         return validate_bool(value, "filters.py: keep_rollout()")

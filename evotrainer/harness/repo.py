@@ -25,7 +25,8 @@ from typing import Mapping
 
 import git
 
-from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, Harness, HarnessError, _needs
+from evotrainer.harness.isolated import IsolatedHarness
+from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, HarnessError, _needs
 from evotrainer.harness.trusted_git import MainGuard, RefMovedError, UnsafeRepoError, check_config, safe_env
 
 MAIN = "main"
@@ -215,15 +216,16 @@ class HarnessRepo:
                 raise HarnessRepoError(f"{blob.name}: not UTF-8 text at {sha[:12]}") from None
         return out
 
-    def load(self, rev: str = MAIN) -> Harness:
-        """The harness at a commit; its `version` is the commit's full sha."""
+    def load(self, rev: str = MAIN) -> IsolatedHarness:
+        """The harness at a commit, its code run only in a sandbox worker (harness/isolated.py);
+        its `version` is the commit's full sha."""
         sha = self.resolve(rev)
         sources = self.sources(sha)
         for filename in HARNESS_FILES:
             if filename not in sources:
                 needs = "GRPO knobs and reward weights" if filename == SPEC_FILE else _needs(filename)
                 raise HarnessError(f"{filename}: file not found at {rev} ({sha[:12]}) in {self.path} ({needs})")
-        return Harness(sources, self.path, version=sha)
+        return IsolatedHarness(sources, self.path, version=sha)
 
     def log(self, first_parent: bool = True, rev: str = MAIN, *, branches: bool = False,
             limit: int | None = None) -> list[CommitInfo]:

@@ -21,7 +21,7 @@ from evotrainer.config import Config
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
-from evotrainer.harness.loader import Harness
+from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
@@ -49,7 +49,7 @@ class Session:
     config: Config
     workdir: Path
     store: Store
-    harness: Harness
+    harness: IsolatedHarness  # its code runs only in a sandbox worker (harness/isolated.py)
     domain: object
     train_tasks: list[Task]
     heldout: dict[int, list[Task]]
@@ -66,7 +66,7 @@ class Session:
 
 
 def open_session(config: Config, workdir: Path, console: Console | None = None,
-                 harness: Harness | None = None) -> Session:
+                 harness: IsolatedHarness | None = None) -> Session:
     console = console or Console(stderr=True)
     check_backends(config)  # a vLLM config on a machine without CUDA fails here, before any work
     workdir.mkdir(parents=True, exist_ok=True)
