@@ -76,7 +76,7 @@ def test_planted_hooks_never_run(ws, tmp_path):
     ("filter.evil.clean", "PROGRAM"), ("filter.evil.smudge", "PROGRAM"), ("filter.evil.process", "PROGRAM"),
     ("diff.evil.textconv", "PROGRAM"), ("core.pager", "PROGRAM"), ("core.sshCommand", "PROGRAM"),
     ("gpg.program", "PROGRAM"), ("alias.status", "!PROGRAM"), ("include.path", "INCLUDE"),
-    ("core.editor", "PROGRAM"), ("merge.evil.driver", "PROGRAM"),
+    ("core.editor", "PROGRAM"), ("merge.evil.driver", "PROGRAM"), ("core.worktree", "HOOKS"),
 ])
 def test_config_that_runs_programs_is_refused_and_never_runs(ws, tmp_path, key, value):
     marker = tmp_path / "config-ran"
@@ -181,3 +181,39 @@ def test_a_gitfile_repo_is_refused(ws, tmp_path):
     (ws.harnesses / ".git").write_text(f"gitdir: {elsewhere}\n")
     with pytest.raises((UnsafeRepoError, HarnessRepoError)):
         HarnessRepo(ws.harnesses)
+
+
+def test_the_cli_stops_with_the_moved_ref_named(ws):
+    import sys
+
+    repo = HarnessRepo(ws.harnesses)
+    expected = repo.resolve("main")
+    cand = propose(repo)
+    git(ws.harnesses, "update-ref", "refs/heads/main", cand.sha)
+    proc = subprocess.run([sys.executable, "-m", "evotrainer", "harness", "log", "--workdir", str(ws.root)],
+                          capture_output=True, text=True, timeout=120)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 2 and "refs/heads/main moved outside evotrainer" in out
+    assert expected in out and cand.sha in out and "Traceback" not in out
+
+
+def test_a_replace_ref_does_not_swap_mains_files(ws):
+    """refs/replace/<main> makes plain git read another commit's tree under main's sha."""
+    repo = HarnessRepo(ws.harnesses)
+    seed = repo.sources("main")
+    cand = propose(repo, "evil", REWARD.replace("0.5", "9.0"))
+    git(ws.harnesses, "replace", repo.resolve("main"), cand.sha)
+    assert "9.0" in git(ws.harnesses, "show", "main:reward.py")  # plain git is fooled
+    repo = HarnessRepo(ws.harnesses)  # a fresh reader (git reads replace refs when it starts)
+    assert repo.sources("main") == seed
+    assert "9.0" not in repo.diff("main", cand.branch).split("+++")[0]
+
+
+def test_a_graft_does_not_rewrite_history(ws):
+    repo = HarnessRepo(ws.harnesses)
+    cand = propose(repo)
+    merge = repo.promote(cand.branch, "passed")
+    graft = ws.harnesses / ".git" / "info" / "grafts"
+    graft.parent.mkdir(exist_ok=True)
+    graft.write_text(f"{merge}\n")  # main's merge without parents: the promotion history vanishes
+    assert [c.sha for c in repo.log()][:2] == [merge, cand.base]

@@ -77,7 +77,10 @@ def safe_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(base or {})
     env.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0",
                 "GIT_ATTR_NOSYSTEM": "1", "GIT_PAGER": "cat", "GIT_EDITOR": "true",
-                "GIT_OPTIONAL_LOCKS": "0", "GIT_CONFIG_COUNT": str(len(OVERRIDES))})
+                "GIT_OPTIONAL_LOCKS": "0", "GIT_CONFIG_COUNT": str(len(OVERRIDES)),
+                # refs/replace/* and info/grafts make a sha read as other content: main's files
+                # would not be the files of main's commit
+                "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": os.devnull})
     for i, (key, value) in enumerate(OVERRIDES):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     return env
