@@ -269,3 +269,36 @@ def test_train_cli_with_the_honest_seed_still_trains(tmp_path, embedded_model_di
     seed = Harness(read_sources(SEED), SEED)
     for row in rows:  # the stored rewards are what the seed gives in process
         assert row.reward_components == seed.reward(row.rollout)
+
+
+# ---------------------------------------------------------------- the PROMPT template
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{{ lipsum.__globals__['os'].popen('touch MARKER').read() }}",
+    "{{ '{0.__class__.__init__.__globals__}'.format(question) }}",
+    "{{ namespace.__init__.__globals__['__builtins__']['open']('MARKER', 'w') }}",
+])
+def test_a_prompt_template_cannot_reach_python(tmp_path, template):
+    marker = tmp_path / "marker"
+    sources = read_sources(SEED)
+    sources["rollout.py"] = sources["rollout.py"].replace("PROMPT = ", f"PROMPT = {template.replace('MARKER', str(marker))!r}\n_OLD = ", 1)
+    with IsolatedHarness(sources, SEED) as h, pytest.raises(HarnessError):
+        h.render_prompt("What is 2 + 2?")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("template", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+    "{{ question * 100000000000 }}",
+])
+def test_a_runaway_prompt_template_is_stopped_in_the_worker(template):
+    from evotrainer.harness.sandbox import SandboxLimits
+
+    sources = read_sources(SEED)
+    sources["rollout.py"] = sources["rollout.py"].replace("PROMPT = ", f"PROMPT = {template!r}\n_OLD = ", 1)
+    with IsolatedHarness(sources, SEED, limits=SandboxLimits(message_timeout_s=5.0, memory_limit_mb=1024)) as h:
+        with pytest.raises(HarnessError):
+            h.render_prompt("What is 2 + 2?")

@@ -1,10 +1,10 @@
 """The trusted side's handle on a harness whose code runs only in a sandbox worker, called in batches.
 
 Training, diagnose and the report never execute harness Python in their own process. They hold
-an `IsolatedHarness`: harness.yaml is parsed here (it is data), the PROMPT template comes back
-from the worker as a string and is rendered here in Jinja's sandbox, and every call into
-reward.py, filters.py, curriculum.py, rollout.py's stop() and the probes is a message to one
-worker of a `SandboxPool` (evotrainer/harness/sandbox.py). One message carries a whole batch
+an `IsolatedHarness`: harness.yaml is parsed here (it is data); every call into reward.py,
+filters.py, curriculum.py, rollout.py (its PROMPT template is rendered in the worker too: a
+template can loop or allocate without bound, Jinja's sandbox or not) and the probes is a message
+to one worker of a `SandboxPool` (evotrainer/harness/sandbox.py). One message carries a whole batch
 (every reward of a GRPO step, every filter decision of a step), so the boundary costs one round
 trip per step, not one per rollout.
 
@@ -20,9 +20,6 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Sequence
-
-from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import SandboxedEnvironment
 
 from evotrainer.api import Rollout, TaskStats, Turn, rollout_from_dict, rollout_to_dict
 from evotrainer.harness.loader import (SPEC_FILE, HarnessError, Probe, harness_version, parse_spec,
@@ -54,6 +51,8 @@ class HarnessCalls:
                                 "critical": p.critical, "direction": p.direction} for p in inner.probes]}
         if kind == "reward":
             return [h.reward(rollout_from_dict(d)) for d in message[1]]
+        if kind == "render":  # the template is harness input too: its loops and sizes run here
+            return [h.harness.render_prompt(question, **extra) for question, extra in message[1]]
         if kind == "filters":  # [(rollouts, rewards)] per group -> [(keep_group, [keep_rollout])]
             out = []
             for dicts, rewards in message[1]:
@@ -92,7 +91,6 @@ class IsolatedHarness:
         self.limits = limits
         self._pool: SandboxPool | None = None
         self._described: dict | None = None
-        self._template: Any = None
         self._closer: weakref.finalize | None = None  # stops the worker when this is collected
 
     def __repr__(self) -> str:
@@ -142,25 +140,20 @@ class IsolatedHarness:
         return self._describe()["prompt"]
 
     def check(self) -> None:
-        """Load it (in the worker) and check what a load checks: a HarnessError if it fails."""
-        self._compiled()
+        """Load it (in the worker: the template compiles there) and check its probes here."""
         self.probes  # noqa: B018 -- validated on access
 
-    def _compiled(self) -> Any:
-        if self._template is None:
-            try:
-                env = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
-                self._template = env.from_string(self.prompt_source)
-            except TemplateError as exc:
-                raise HarnessError(f"rollout.py: PROMPT is not a valid Jinja template: {exc}") from None
-        return self._template
+    def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:
+        """PROMPT rendered for each question, in one round trip."""
+        if not questions:
+            return []
+        values = self._call(("render", [(str(q), dict(extra)) for q in questions]))
+        if not (isinstance(values, list) and len(values) == len(questions) and all(isinstance(v, str) for v in values)):
+            raise HarnessError("rollout.py: rendered prompts did not come back as one string per question")
+        return values
 
     def render_prompt(self, question: str, **extra: Any) -> str:
-        template = self._compiled()
-        try:
-            return template.render(question=question, **extra)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001
-            raise HarnessError(f"rollout.py: rendering PROMPT raised {type(exc).__name__}: {exc}") from None
+        return self.render_prompts([question], **extra)[0]
 
     @property
     def probes(self) -> list[Probe]:

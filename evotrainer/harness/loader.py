@@ -519,6 +519,9 @@ class Harness:
         except (Exception, SystemExit) as exc:  # noqa: BLE001
             raise HarnessError(f"rollout.py: rendering PROMPT raised {type(exc).__name__}: {exc}") from None
 
+    def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:
+        return [self.render_prompt(q, **extra) for q in questions]
+
     def stop(self, turns: Sequence[Turn]) -> str | None:
         return validate_stop(_call("rollout.py", "stop", self._stop, tuple(turns)))
 

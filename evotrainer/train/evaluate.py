@@ -72,7 +72,7 @@ def evaluate(model, tokenizer, domain: Domain, harness: IsolatedHarness | Harnes
 
     torch.manual_seed(seed)
     backend = backend or HFBackend(model, tokenizer, batch_size)
-    prompts = [harness.render_prompt(question=t.prompt) for t in tasks]
+    prompts = harness.render_prompts([t.prompt for t in tasks])
     result = EvalResult(seed=seed, n=len(tasks), successes=0)
     generations = backend.generate(prompts, max_new_tokens, on_batch)
     if len(generations) != len(tasks):

@@ -265,8 +265,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     round_id = share(session.store.start_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed, index)
-    rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
-             "task_id": t.task_id} for t in tasks]
+    prompts = session.harness.render_prompts([t.prompt for t in tasks])  # one request for the round
+    rows = [{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id} for t, p in zip(tasks, prompts)]
     scaffold_kwargs = {}
     if cfg.domain.scaffold == "agent":  # multi-turn episodes through TRL's rollout_func: train/rollout.py
         from evotrainer.train.rollout import AgentRollout, agent_rows
