@@ -302,3 +302,12 @@ def test_a_runaway_prompt_template_is_stopped_in_the_worker(template):
     with IsolatedHarness(sources, SEED, limits=SandboxLimits(message_timeout_s=5.0, memory_limit_mb=1024)) as h:
         with pytest.raises(HarnessError):
             h.render_prompt("What is 2 + 2?")
+
+
+def test_harness_yaml_with_a_python_tag_is_refused_in_the_trusted_process(tmp_path):
+    marker = tmp_path / "marker"
+    sources = read_sources(SEED)
+    sources["harness.yaml"] += f"\nboom: !!python/object/apply:os.system [\"touch {marker}\"]\n"
+    with pytest.raises(HarnessError, match="harness.yaml"):
+        IsolatedHarness(sources, SEED)
+    assert not marker.exists()

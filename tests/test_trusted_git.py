@@ -217,3 +217,28 @@ def test_a_graft_does_not_rewrite_history(ws):
     graft.parent.mkdir(exist_ok=True)
     graft.write_text(f"{merge}\n")  # main's merge without parents: the promotion history vanishes
     assert [c.sha for c in repo.log()][:2] == [merge, cand.base]
+
+
+@pytest.mark.parametrize("text", [
+    '[includeIf "gitdir:/"]\n\tpath = INCLUDE\n',
+    "[core] fsmonitor = PROGRAM\n",  # git reads a key on the header's line
+    "[core]\n\tfilemode = true \\\n\tfsmonitor = PROGRAM\n",  # hidden in a continued value
+    '[core "x"]\n\tfsmonitor = PROGRAM\n',
+])
+def test_config_written_to_slip_past_a_reader_is_refused(ws, tmp_path, text):
+    marker = tmp_path / "config-ran"
+    exe = program(tmp_path / "evil.sh", marker)
+    include = tmp_path / "evil.cfg"
+    include.write_text(f"[core]\n\tfsmonitor = {exe}\n")
+    config = ws.harnesses / ".git" / "config"
+    config.write_text(config.read_text() + text.replace("PROGRAM", str(exe)).replace("INCLUDE", str(include)))
+    with pytest.raises(UnsafeRepoError):
+        HarnessRepo(ws.harnesses)
+    assert not marker.exists()
+
+
+def test_a_shallow_file_is_refused(ws):
+    repo = HarnessRepo(ws.harnesses)
+    (ws.harnesses / ".git" / "shallow").write_text(repo.resolve("main") + "\n")
+    with pytest.raises(UnsafeRepoError, match="shallow"):
+        repo.resolve("main")

@@ -111,7 +111,7 @@ def check_config(repo: Path) -> None:
     gitdir = Path(repo) / ".git"
     if gitdir.is_symlink() or not gitdir.is_dir():
         raise UnsafeRepoError(f"{gitdir}: not a plain .git folder (a gitfile or link could point anywhere)")
-    for name in ("commondir", "config.worktree"):
+    for name in ("commondir", "config.worktree", "shallow"):  # shallow: history cut like a graft
         if (gitdir / name).exists():
             raise UnsafeRepoError(f"{gitdir / name}: not allowed in a harness repo")
     config = gitdir / "config"
