@@ -27,7 +27,7 @@ import git
 
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, HarnessError, _needs
-from evotrainer.harness.trusted_git import MainGuard, RefMovedError, UnsafeRepoError, check_config, safe_env
+from evotrainer.harness.trusted_git import MainGuard, RefMovedError, check_config, safe_env
 
 MAIN = "main"
 CANDIDATE_PREFIX = "candidate/"
