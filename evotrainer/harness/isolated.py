@@ -72,7 +72,9 @@ class HarnessCalls:
                 value: Any = ["value", probe.evaluate([rollout_from_dict(d) for d in dicts], rewards)]
             except HarnessError as exc:
                 value = ["error", str(exc)[:2000]]
-            violations = getattr(h, "_guard").violations  # a refused operation the probe swallowed
+            # A refused operation the probe swallowed (the probe runs outside SandboxedHarness's
+            # own call wrapper, so its guard is asked here).
+            violations = getattr(getattr(h, "_guard", None), "violations", ())
             if violations:
                 raise CandidateFailure(f"diagnostics.py: probe {name}() attempted {violations[0]}", h.label)
             return value
