@@ -100,10 +100,26 @@ def listener():
     server.close()
 
 
-def hostile_sources(marker: Path, port: int) -> dict[str, str]:
-    """The seed with the payload in every code file, called from every hook it defines."""
+PROBE_WRAP = '''
+
+def _wrapped(fn):
+    def probe(rollouts, rewards):
+        _payload()
+        return fn(rollouts, rewards)
+    return probe
+
+
+PROBES = [dict(p, fn=_wrapped(p["fn"])) for p in PROBES]
+'''
+
+
+def hostile_sources(marker: Path, port: int, at_import: bool = True) -> dict[str, str]:
+    """The seed with the payload in every code file, called from every hook it defines (and
+    every probe); `at_import=False`: only inside calls, so the harness loads cleanly."""
     sources = read_sources(SEED)
     head = PAYLOAD.format(marker=str(marker), port=port)
+    if not at_import:
+        head = head.replace("\n_payload()\n", "\n")
     out = dict(sources)
     for name, text in sources.items():
         if not name.endswith(".py"):
@@ -117,15 +133,15 @@ def hostile_sources(marker: Path, port: int) -> dict[str, str]:
                 start = body.index(fn)
                 colon = body.index(":\n", start) + 2
                 body = body[:colon] + "    _payload()\n" + body[colon:]
-        out[name] = "".join(lines[:cut]) + head + body
+        out[name] = "".join(lines[:cut]) + head + body + (PROBE_WRAP if name == "diagnostics.py" else "")
     return out
 
 
-def promote_hostile(workdir: Path, marker: Path, port: int, seed: Path | None = None) -> HarnessRepo:
+def promote_hostile(workdir: Path, marker: Path, port: int, at_import: bool = True) -> HarnessRepo:
     """A workspace whose main is the hostile candidate, promoted without any gate."""
-    ws = ensure_workspace(workdir, "math", seed=seed)
+    ws = ensure_workspace(workdir, "math")
     repo = HarnessRepo(ws.harnesses)
-    edits = {n: t for n, t in hostile_sources(marker, port).items() if n.endswith(".py")}
+    edits = {n: t for n, t in hostile_sources(marker, port, at_import).items() if n.endswith(".py")}
     cand = repo.propose(0, "watched-only", edits, diagnosis="d", targets="dead_group_ratio", expected="e")
     repo.promote(cand.branch, "promoted behind the gate's back")
     return repo
@@ -197,7 +213,7 @@ def test_payload_is_real_in_process(tmp_path, listener):
 def test_diagnose_cli_runs_the_payload_only_in_the_sandbox(tmp_path, listener):
     marker = tmp_path / "marker"
     work = tmp_path / "work"
-    promote_hostile(work, marker, listener.port)
+    promote_hostile(work, marker, listener.port, at_import=False)  # it loads; its calls carry the payload
     store_rollouts(work)
     proc = subprocess.run([sys.executable, "-m", "evotrainer", "diagnose", "--workdir", str(work)],
                           capture_output=True, text=True, timeout=300)
@@ -249,7 +265,7 @@ def test_report_distributions_run_the_payload_only_in_the_sandbox(tmp_path, list
 def test_train_cli_runs_the_payload_only_in_the_sandbox(tmp_path, listener, embedded_model_dir):
     marker = tmp_path / "marker"
     work = tmp_path / "work"
-    promote_hostile(work, marker, listener.port)
+    promote_hostile(work, marker, listener.port, at_import=False)  # it loads; its calls carry the payload
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, "-m", "evotrainer", "train", "--config", str(TINY), "--workdir",
                            str(work), "--steps", "1"], capture_output=True, text=True, timeout=900, env=env)
@@ -261,7 +277,7 @@ def test_train_cli_runs_the_payload_only_in_the_sandbox(tmp_path, listener, embe
 def test_train_cli_with_the_honest_seed_still_trains(tmp_path, embedded_model_dir):
     work = tmp_path / "work"
     proc = subprocess.run([sys.executable, "-m", "evotrainer", "train", "--config", str(TINY), "--workdir",
-                           str(work), "--steps", "1"], capture_output=True, text=True, timeout=900)
+                           str(work), "--steps", "1"], capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     with Store.open(work) as store:
         rows = list(store.iter_rollouts())
@@ -311,3 +327,26 @@ def test_harness_yaml_with_a_python_tag_is_refused_in_the_trusted_process(tmp_pa
     with pytest.raises(HarnessError, match="harness.yaml"):
         IsolatedHarness(sources, SEED)
     assert not marker.exists()
+
+
+def test_call_time_payloads_load_cleanly_and_are_refused_in_every_call(tmp_path, listener):
+    """The payload only inside reward, filters, curriculum, stop and every probe: loading works,
+    and each call that reaches the payload fails as a HarnessError with nothing done."""
+    marker = tmp_path / "marker"
+    rs = rollouts()
+    calls = {
+        "reward": lambda h: h.rewards(rs),
+        "filters": lambda h: h.filters([(rs[:4], [0.0] * 4)]),
+        "weights": lambda h: h.weights([TaskStats("t0", 1, 0, {})]),
+        "stop": lambda h: h.stop(rs[0].turns),
+        "probe": lambda h: h.probes[0].evaluate(rs, [0.0] * len(rs)),
+    }
+    with IsolatedHarness(hostile_sources(marker, listener.port, at_import=False), SEED) as h:
+        assert h.render_prompt("q")  # loaded: nothing ran at import
+        for name, call in calls.items():
+            with pytest.raises(HarnessError, match="attempted"):
+                call(h)
+            assert not marker.exists() and listener.hits == 0, name
+    # The control: the same calls in process do reach the host.
+    Harness(hostile_sources(marker, listener.port, at_import=False), SEED).probes[0].evaluate(rs, [0.0] * len(rs))
+    assert marker.exists()
