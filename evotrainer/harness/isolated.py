@@ -34,6 +34,14 @@ def _stats_to_dict(s: TaskStats) -> dict[str, Any]:
     return {"task_id": s.task_id, "attempts": s.attempts, "successes": s.successes, "meta": dict(s.meta)}
 
 
+def _refused(h: Any, what: str) -> None:
+    """A refused operation that harness code swallowed, for calls made outside
+    SandboxedHarness's own wrapper (probes, the template): the worker's guard recorded it."""
+    violations = getattr(getattr(h, "_guard", None), "violations", ())
+    if violations:
+        raise CandidateFailure(f"{what} attempted {violations[0]}", h.label)
+
+
 @dataclass(frozen=True)
 class HarnessCalls:
     """In the worker: answer one batched request against the one harness the pool loaded."""
@@ -52,7 +60,9 @@ class HarnessCalls:
         if kind == "reward":
             return [h.reward(rollout_from_dict(d)) for d in message[1]]
         if kind == "render":  # the template is harness input too: its loops and sizes run here
-            return [h.harness.render_prompt(question, **extra) for question, extra in message[1]]
+            prompts = [h.harness.render_prompt(question, **extra) for question, extra in message[1]]
+            _refused(h, "rendering rollout.py: PROMPT")
+            return prompts
         if kind == "filters":  # [(rollouts, rewards)] per group -> [(keep_group, [keep_rollout])]
             out = []
             for dicts, rewards in message[1]:
@@ -70,13 +80,9 @@ class HarnessCalls:
             probe = next(p for p in h.harness.probes if p.name == name)
             try:
                 value: Any = ["value", probe.evaluate([rollout_from_dict(d) for d in dicts], rewards)]
-            except HarnessError as exc:
+            except HarnessError as exc:  # the probe's own fault: that probe is n/a, as in process
                 value = ["error", str(exc)[:2000]]
-            # A refused operation the probe swallowed (the probe runs outside SandboxedHarness's
-            # own call wrapper, so its guard is asked here).
-            violations = getattr(getattr(h, "_guard", None), "violations", ())
-            if violations:
-                raise CandidateFailure(f"diagnostics.py: probe {name}() attempted {violations[0]}", h.label)
+            _refused(h, f"diagnostics.py: probe {name}()")
             return value
         raise ValueError(f"unknown harness request {kind!r}")
 
@@ -135,7 +141,7 @@ class IsolatedHarness:
             self._described = described
         return self._described
 
-    # ------------------------------------------------------------ data (rendered here)
+    # ------------------------------------------------------------ data (checked here)
 
     @property
     def prompt_source(self) -> str:
