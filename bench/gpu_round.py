@@ -65,7 +65,7 @@ def main() -> None:
             "eval.batch_size=64", f"eval.max_new_tokens={args.max_new}", "train.report_to=[]"]
     cfg = load_config(None, base, domain="math")
     session = open_session(cfg, work / "gen", console)
-    prompts = [session.harness.render_prompt(question=t.prompt) for t in session.heldout[0]]
+    prompts = session.harness.render_prompts([t.prompt for t in session.heldout[0]])
     rows: dict[str, object] = {"gpu": torch.cuda.get_device_name(0), "prompts": len(prompts),
                                "max_new_tokens": args.max_new}
 

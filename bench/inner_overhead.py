@@ -39,9 +39,9 @@ class StepTimer(TrainerCallback):
 def dataset(session, tasks):
     from datasets import Dataset
 
-    return Dataset.from_list([
-        {"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
-         "task_id": t.task_id} for t in tasks])
+    prompts = session.harness.render_prompts([t.prompt for t in tasks])
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id}
+                              for t, p in zip(tasks, prompts)])
 
 
 def run_plain(session, tasks, steps, seed, workdir) -> list[float]:

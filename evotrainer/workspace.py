@@ -14,6 +14,7 @@ from pathlib import Path
 import git
 
 from evotrainer.harness.loader import HARNESS_FILES, read_sources
+from evotrainer.harness.trusted_git import safe_env
 from evotrainer.paths import HARNESSES_DIR
 
 MAIN = "main"
@@ -124,6 +125,7 @@ def _create_harness_repo(ws: Workspace, domain: str, seed: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".harnesses-", dir=ws.root))
     try:
         repo = git.Repo.init(staging, initial_branch=MAIN)
+        repo.git.update_environment(**safe_env())  # the user's global hooks do not run on our seed
         with repo.config_writer("repository") as config:
             config.set_value("user", "name", IDENTITY[0])
             config.set_value("user", "email", IDENTITY[1])

@@ -12,9 +12,9 @@ rerun in fresh workers to give the very same values (engine.recheck).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import git
-from typing import Any, Callable
 
 from evotrainer.backtest.engine import (
     DEFAULT_CHUNK,
@@ -26,6 +26,7 @@ from evotrainer.backtest.engine import (
 )
 from evotrainer.backtest.gate import Check, GateDecision, decide, target_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, METRICS, SAFETY_METRICS, Tally, group_advantages
+from evotrainer.backtest.selector import ids_sha256, resolve
 from evotrainer.backtest.report import build_report, find_report, load_report, new_id, render_markdown, write_report
 from evotrainer.config import GateConfig
 from evotrainer.harness.repo import CANDIDATE_PREFIX, MAIN, HarnessRepo, HarnessRepoError
@@ -115,8 +116,9 @@ def _earlier_report(repo: HarnessRepo, store: Store, base_v, cand_v, rev: str, s
         except (ValueError, git.BadName):  # a commit this repo does not have
             return False
 
-    return find_report(store, base_sha=base_v.sha, candidate_rev=rev, selector=selector.to_json(),
-                       same_candidate=same_tree)
+    selection = resolve(store, selector)
+    return find_report(store, base_sha=base_v.sha, candidate_rev=rev, same_candidate=same_tree,
+                       rollout_ids_sha256=ids_sha256(store, selection))
 
 
 def _judge_agreement(store: Store, run: BacktestRun) -> dict[str, Any]:

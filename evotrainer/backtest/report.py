@@ -84,13 +84,13 @@ def write_report(backtests_dir: Path, report: dict[str, Any], store: Store | Non
 
 
 def find_report(store: Store, *, base_sha: str, candidate_rev: str, same_candidate: Callable[[str], bool],
-                selector: dict[str, Any]) -> dict[str, Any] | None:
+                rollout_ids_sha256: str) -> dict[str, Any] | None:
     """An indexed report of this base against this candidate (`same_candidate(sha)` says whether
-    a reported candidate commit is it) on this selection, or None."""
+    a reported candidate commit is it) over exactly these rollouts, or None."""
     for row in store.backtests():
         if row["base"] == base_sha and row["candidate_rev"] == candidate_rev and same_candidate(row["candidate"]):
             report = store.get_backtest(row["id"])
-            if report is not None and report.get("selector") == selector:
+            if report is not None and report.get("rollout_ids_sha256") == rollout_ids_sha256:
                 return report
     return None
 

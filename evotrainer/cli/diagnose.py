@@ -44,7 +44,7 @@ def diagnose_cmd(
     that came in through `rollouts import` (no training run needed)."""
     from evotrainer.diagnose import health_report, write_report
     from evotrainer.diagnose.render import alert_panels, dimension_tables, summary_line
-    from evotrainer.harness.loader import load_harness
+    from evotrainer.harness.isolated import isolated_from_folder
     from evotrainer.harness.repo import HarnessRepo
     from evotrainer.paths import HARNESSES_DIR
     from evotrainer.store import Store
@@ -74,13 +74,14 @@ def diagnose_cmd(
             if rev != "main" or not seed.is_dir():
                 raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain {domain} "
                             f"--workdir {ws.root}`)")
-            harness = load_harness(seed)
+            harness = isolated_from_folder(seed)
             where = f"shipped {domain} seed"
             err.print(Text(f"no harness repo at {ws.harnesses}: using {where}", style="yellow"))
         scope = ", ".join(f"{k}={v}" for k, v in (("run", run), ("round", round_), ("domain", domain))
                           if v is not None)
         rows = store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain)
-        report = health_report(harness, rows, scope=f"{scope}; harness {where}")
+        with harness:  # its code runs in a sandbox worker, stopped here
+            report = health_report(harness, rows, scope=f"{scope}; harness {where}")
     if report.n_rollouts == 0:
         raise _fail(f"no rollouts match ({scope})")
     md, _ = write_report(report, ws.root / "diagnostics", name or report_name(run, round_, domain))

@@ -255,10 +255,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that describe bad input, shown as one clear message instead of a traceback."""
     from evotrainer.harness.loader import HarnessError
     from evotrainer.harness.repo import HarnessRepoError
+    from evotrainer.harness.trusted_git import RefMovedError, UnsafeRepoError
     from evotrainer.policy import PolicyError
     from evotrainer.workspace import WorkspaceError
 
-    return (ConfigError, HarnessError, HarnessRepoError, PolicyError, WorkspaceError)
+    return (ConfigError, HarnessError, HarnessRepoError, PolicyError, WorkspaceError, RefMovedError,
+            UnsafeRepoError)
 
 
 def main() -> None:

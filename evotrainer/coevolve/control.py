@@ -57,6 +57,7 @@ def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pendin
         return True
     finally:
         session.store.close()
+        parent.close()
 
 
 def control_adapter(root: Path, config: Config, index: int) -> str | None:

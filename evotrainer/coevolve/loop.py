@@ -160,11 +160,11 @@ class Coevolution:
     def stage_diagnose(self, state: RunState) -> None:
         from evotrainer.diagnose import health_report, write_report
 
-        harness = self.repo.load("main")
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
-        self.report = health_report(harness, rows)
+        with self.repo.load("main") as harness:  # its code runs in a sandbox worker
+            self.report = health_report(harness, rows)
         self._add_guard_probe(state)
         write_report(self.report, self.ws.root / "diagnostics", f"{self.config.run_name}-round-{state.round}")
         for p in self.report.alerts:
@@ -224,18 +224,19 @@ class Coevolution:
             self.console.print("no candidate passed the gate: main is unchanged")
             return
         best = passing[0]
-        if self.approve is not None:
-            from evotrainer.backtest import load_report
+        from evotrainer.backtest import load_report
 
-            report = load_report(self.ws.backtests, best.backtest)
-            if not self.approve(best, report, self.repo.diff("main", best.branch)):
+        report = load_report(self.ws.backtests, best.backtest)
+        if self.approve is not None:
+            if not self.approve(best, report, self.repo.diff("main", report["candidate"])):
                 best.decision = "reject"
                 best.reasons.append("rejected by the reviewer (--approve)")
                 self.console.print(f"{best.branch}: not promoted (reviewer said no)")
                 return
         # A kill after the merge and before the state was saved: the promotion is already on main.
+        # Otherwise the commit the gate passed is merged, not whatever the branch points at now.
         merge = self.repo.promotion_of(best.branch) or self.repo.promote(
-            best.branch, f"passed backtest {best.backtest} in round {state.round}")
+            best.branch, f"passed backtest {best.backtest} in round {state.round}", tested=report["candidate"])
         crash_point("coevolve.promoted", best.branch)
         state.pending = Pending(merge=merge, branch=best.branch, skill=best.skill, params=best.params,
                                 backtest=best.backtest, target=best.targets, round=state.round)
@@ -368,13 +369,16 @@ class Coevolution:
         new = sources["diagnostics.py"].rstrip("\n") + "\n\n" + failure_reward_probe(FAILURE_PROBE)
         slug = f"probe-{FAILURE_PROBE.replace('_', '-')}"
         branch = f"candidate/{state.round}-{slug}"
-        if branch not in self.repo.candidates():  # else a kill came between propose and promote
-            branch = self.repo.propose(
+        if branch in self.repo.candidates():  # a kill came between propose and promote
+            tested = self.repo.resolve(f"refs/heads/{branch}")
+        else:
+            cand = self.repo.propose(
                 state.round, slug, {"diagnostics.py": new},
                 diagnosis=f"{pending.branch} passed its backtest on {pending.target} but {verdict.describe()}",
                 targets="diagnostics",
-                expected=f"alert when verified failures earn training reward, as under {pending.branch}").branch
-        self.repo.promote(branch, "diagnostics revision after a live contradiction")
+                expected=f"alert when verified failures earn training reward, as under {pending.branch}")
+            branch, tested = cand.branch, cand.sha
+        self.repo.promote(branch, "diagnostics revision after a live contradiction", tested=tested)
 
 
 def _decisive(reasons: list[str]) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from evotrainer.api import Rollout
+from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, Probe
 from evotrainer.harness.redact import redact
 from evotrainer.store import StoredRollout
@@ -178,7 +179,7 @@ def _preview(r: Rollout) -> str:
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
-def health_report(harness: Harness, rows: Iterable[StoredRollout | Rollout], *, scope: str = "all",
+def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollout | Rollout], *, scope: str = "all",
                   examples: bool = True) -> HealthReport:
     """Evaluate every probe of `harness` on `rows` (StoredRollouts or api Rollouts).
 
@@ -186,7 +187,7 @@ def health_report(harness: Harness, rows: Iterable[StoredRollout | Rollout], *, 
     a probe fault only marks that probe n/a with its error.
     """
     rollouts = _by_group(_unwrap(row) for row in rows)
-    rewards = [harness.training_reward(harness.reward(r)) for r in rollouts]
+    rewards = [harness.training_reward(c) for c in harness.rewards(rollouts)]  # one request
     results = []
     for probe in harness.probes:
         try:

@@ -308,6 +308,18 @@ class Harness:
         """The weighted sum of reward components; a component without a weight counts 1.0."""
         return weighted_reward(self.spec.reward_weights, components)
 
+    def rewards(self, rollouts: Sequence[Rollout]) -> list[dict[str, float]]:
+        """reward() of each rollout (the batched form IsolatedHarness sends in one message)."""
+        return [self.reward(r) for r in rollouts]
+
+    def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
+        """Per group, each rollout's kept flag: keep_group() and, for a kept group, keep_rollout()."""
+        out = []
+        for rollouts, rewards in groups:
+            group = self.keep_group(rollouts, rewards)
+            out.append([group and self.keep_rollout(r) for r in rollouts])
+        return out
+
     def keep_rollout(self, rollout: Rollout) -> bool:
         value = _call("filters.py", "keep_rollout", self._keep_rollout, rollout)
         return validate_bool(value, "filters.py: keep_rollout()")
@@ -326,6 +338,9 @@ class Harness:
             return self._template.render(question=question, **extra)
         except (Exception, SystemExit) as exc:  # noqa: BLE001
             raise HarnessError(f"rollout.py: rendering PROMPT raised {type(exc).__name__}: {exc}") from None
+
+    def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:
+        return [self.render_prompt(q, **extra) for q in questions]
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
         return validate_stop(_call("rollout.py", "stop", self._stop, tuple(turns)))

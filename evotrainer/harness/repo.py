@@ -5,6 +5,10 @@ Each intervention is one commit on `candidate/<round>-<slug>` whose message ends
 `Diagnosis:`, `Targets:`, `Expected:` and, once backtested, `Backtest:`. Candidates are written
 with plumbing (a throwaway index, `commit-tree`, `update-ref`), so the working tree stays on main
 and harness files are always read from commits, never from whatever is checked out.
+
+Every git command runs as trusted_git says (no hooks, no fsmonitor, no config that runs
+programs), and main is checked against the tip our last promote or revert left before every
+command: a main that moved otherwise raises RefMovedError.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Mapping
 
 import git
 
-from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, Harness, HarnessError, _needs
+from evotrainer.harness.isolated import IsolatedHarness
+from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, HarnessError, _needs
+from evotrainer.harness.trusted_git import MainGuard, RefMovedError, check_config, safe_env
 
 MAIN = "main"
 CANDIDATE_PREFIX = "candidate/"
@@ -122,29 +128,60 @@ def _line_counts(old: str, new: str) -> str:
 class HarnessRepo:
     """One workspace's harness repo (`<workdir>/harnesses/`)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, guard: Path | str | None = None) -> None:
+        """`guard`: the file that records main's tip (default: `harness-refs.json` beside the repo,
+        in the workspace, out of reach of anything that can only write inside the repo)."""
         self.path = Path(path)
         try:
             self.repo = git.Repo(self.path)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise HarnessRepoError(f"{self.path}: no harness repo here (run `evotrainer init`)") from None
+        check_config(self.path)
+        self.guard = MainGuard(Path(guard) if guard is not None else self.path.parent / "harness-refs.json")
+        # Read (never run) from every config level: commits work on machines without a git
+        # identity, and a configured one is respected although git itself reads no global config.
         with self.repo.config_reader() as config:
-            known = config.has_option("user", "name") and config.has_option("user", "email")
-        # Commits work on machines without a git identity; a configured one is respected.
-        self._env: dict[str, str] = {} if known else {
-            "GIT_AUTHOR_NAME": IDENTITY[0], "GIT_AUTHOR_EMAIL": IDENTITY[1],
-            "GIT_COMMITTER_NAME": IDENTITY[0], "GIT_COMMITTER_EMAIL": IDENTITY[1]}
+            name = config.get_value("user", "name", default="") or IDENTITY[0]
+            email = config.get_value("user", "email", default="") or IDENTITY[1]
+        self._env: dict[str, str] = {
+            "GIT_AUTHOR_NAME": str(name), "GIT_AUTHOR_EMAIL": str(email),
+            "GIT_COMMITTER_NAME": str(name), "GIT_COMMITTER_EMAIL": str(email)}
+        # Also what GitPython's own commands (its cat-file reader of blobs) run with.
+        self.repo.git.update_environment(**safe_env())
 
     def __repr__(self) -> str:
         return f"HarnessRepo({str(self.path)!r})"
 
+    def _run(self, args: list[str], env: Mapping[str, str] | None = None, strip: bool = True) -> str:
+        """Every git command of ours: the config checked first, the guarded tip of main checked."""
+        check_config(self.path)
+        self._check_main()
+        return self.repo.git.execute(["git", *args], env={**self._env, **(env or {})},
+                                     strip_newline_in_stdout=strip)
+
     def _git(self, *args: str, env: Mapping[str, str] | None = None, strip: bool = True) -> str:
         try:
-            return self.repo.git.execute(["git", *args], env={**self._env, **(env or {})},
-                                         strip_newline_in_stdout=strip)
+            return self._run(list(args), env, strip)
         except git.GitCommandError as exc:
             detail = (exc.stderr or exc.stdout or "").strip().removeprefix("stderr:").strip(" '\n")
             raise HarnessRepoError(f"{self.path}: git {args[0]} failed: {detail}") from None
+
+    def _main_tip(self) -> str | None:
+        try:
+            return self.repo.git.execute(["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{MAIN}"])
+        except git.GitCommandError:
+            return None
+
+    def _check_main(self) -> None:
+        self.guard.check(self._main_tip())
+
+    def _moved_main(self, before: str) -> str:
+        """After our own promote or revert: main's new tip, recorded as the one to expect."""
+        tip = self._main_tip()
+        if tip is None or tip == before:
+            raise HarnessRepoError(f"{self.path}: main did not move")
+        self.guard.record(tip)
+        return tip
 
     # ------------------------------------------------------------ reading
 
@@ -153,7 +190,7 @@ class HarnessRepo:
         if not isinstance(rev, str) or not rev or rev.startswith("-") or "\n" in rev:
             raise HarnessRepoError(f"{self.path}: bad revision {rev!r}")
         try:
-            return self.repo.git.rev_parse("--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+            return self._run(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"])
         except git.GitCommandError:
             branches = ", ".join([MAIN, *self.candidates()]) if self._has(MAIN) else "none"
             raise HarnessRepoError(
@@ -161,7 +198,7 @@ class HarnessRepo:
 
     def _has(self, branch: str) -> bool:
         try:
-            self.repo.git.rev_parse("--verify", "--quiet", f"refs/heads/{branch}")
+            self._run(["rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"])
             return True
         except git.GitCommandError:
             return False
@@ -179,15 +216,16 @@ class HarnessRepo:
                 raise HarnessRepoError(f"{blob.name}: not UTF-8 text at {sha[:12]}") from None
         return out
 
-    def load(self, rev: str = MAIN) -> Harness:
-        """The harness at a commit; its `version` is the commit's full sha."""
+    def load(self, rev: str = MAIN) -> IsolatedHarness:
+        """The harness at a commit, its code run only in a sandbox worker (harness/isolated.py);
+        its `version` is the commit's full sha."""
         sha = self.resolve(rev)
         sources = self.sources(sha)
         for filename in HARNESS_FILES:
             if filename not in sources:
                 needs = "GRPO knobs and reward weights" if filename == SPEC_FILE else _needs(filename)
                 raise HarnessError(f"{filename}: file not found at {rev} ({sha[:12]}) in {self.path} ({needs})")
-        return Harness(sources, self.path, version=sha)
+        return IsolatedHarness(sources, self.path, version=sha)
 
     def log(self, first_parent: bool = True, rev: str = MAIN, *, branches: bool = False,
             limit: int | None = None) -> list[CommitInfo]:
@@ -206,10 +244,12 @@ class HarnessRepo:
         info = self.log(rev=sha, limit=1)[0]
         if info.parents:
             return info, self.diff(info.parents[0], sha)
-        return info, self._git("diff-tree", "-p", "--root", "--no-commit-id", "--no-color", sha, strip=False)
+        return info, self._git("diff-tree", "-p", "--root", "--no-commit-id", "--no-color", "--no-ext-diff",
+                               "--no-textconv", sha, strip=False)
 
     def diff(self, a: str, b: str) -> str:
-        return self._git("diff", "--no-color", "--no-ext-diff", self.resolve(a), self.resolve(b), strip=False)
+        return self._git("diff", "--no-color", "--no-ext-diff", "--no-textconv", self.resolve(a), self.resolve(b),
+                         strip=False)
 
     def candidates(self) -> list[str]:
         """Candidate branches, in round order."""
@@ -291,7 +331,7 @@ class HarnessRepo:
     def is_promoted(self, rev: str) -> bool:
         """Whether `rev` is in main's history (a promoted candidate's tip is)."""
         try:
-            self.repo.git.merge_base("--is-ancestor", self.resolve(rev), self.resolve(MAIN))
+            self._run(["merge-base", "--is-ancestor", self.resolve(rev), self.resolve(MAIN)])
             return True
         except git.GitCommandError:
             return False
@@ -349,6 +389,9 @@ class HarnessRepo:
         command starts from main's last commit. Only for a repo no other process is using; a
         dirty working tree with no sign of a killed git command is a person's, and stays."""
         done = []
+        adopted = self._adopt_unrecorded_move()
+        if adopted:
+            done.append(adopted)
         lock = Path(self.repo.git_dir) / "index.lock"
         if lock.exists():
             lock.unlink()
@@ -362,10 +405,33 @@ class HarnessRepo:
             done.append("reset a half-updated working tree to main")
         return done
 
-    def promote(self, branch: str, reason: str) -> str:
-        """`git merge --no-ff` the candidate into main; the message repeats its trailers."""
+    def _adopt_unrecorded_move(self) -> str | None:
+        """A kill between our own merge or revert and recording main's new tip leaves the guard
+        one commit behind. Accept exactly that: one commit on top of the recorded tip, made by
+        promote (a merge naming its Candidate) or revert (naming what it Reverts)."""
+        expected, tip = self.guard.expected(), self._main_tip()
+        if expected is None or tip is None or tip == expected:
+            return None
+        commit = self.repo.commit(tip)
+        first_parent = commit.parents[0].hexsha if commit.parents else None
+        kind = ("promotion" if len(commit.parents) == 2 and re.search(r"^Candidate: ", commit.message, re.M)
+                else "revert" if re.search(r"^Reverts: ", commit.message, re.M) else None)
+        if first_parent != expected or kind is None:
+            return None  # not ours: the next git command stops with RefMovedError
+        self.guard.record(tip)
+        return f"main at {tip[:7]} is our own {kind}, made just before a kill: recorded"
+
+    def promote(self, branch: str, reason: str, tested: str | None = None) -> str:
+        """`git merge --no-ff` the candidate into main; the message repeats its trailers.
+
+        `tested`: the sha the gate's backtest ran on. The branch's tip must be that commit, or
+        the one `record_backtest` amended from it (same tree, same parents); a branch re-pointed
+        since raises RefMovedError. The sha checked is the sha merged, whatever the ref does next.
+        """
         reason = _one_line(reason, "reason")
         tip = self._candidate_tip(branch)
+        if tested is not None and not self._same_change(tip, tested):
+            raise RefMovedError(f"refs/heads/{branch}", tested, tip, self.guard.file)
         if self.is_promoted(tip):
             raise HarnessRepoError(f"{branch} ({tip[:7]}) is already in main")
         self._require_main_checked_out("promote")
@@ -377,8 +443,8 @@ class HarnessRepo:
             msg_file = Path(tmp, "message")
             msg_file.write_text(message, encoding="utf-8")
             try:
-                self.repo.git.execute(["git", "merge", "--no-ff", "--no-edit", "--no-verify", "--quiet",
-                                       "-F", str(msg_file), f"refs/heads/{branch}"], env=self._env)
+                before = self.resolve(MAIN)
+                self._run(["merge", "--no-ff", "--no-edit", "--no-verify", "--quiet", "-F", str(msg_file), tip])
             except git.GitCommandError as exc:
                 conflicts = self._git("diff", "--name-only", "--diff-filter=U").split()
                 if conflicts:
@@ -386,7 +452,17 @@ class HarnessRepo:
                     raise HarnessRepoError(f"{branch} does not merge cleanly into main "
                                            f"(conflicts in {', '.join(conflicts)})") from None
                 raise HarnessRepoError(f"{self.path}: merging {branch} failed: {(exc.stderr or '').strip()}") from None
-        return self.resolve(MAIN)
+        return self._moved_main(before)
+
+    def _same_change(self, tip: str, tested: str) -> bool:
+        try:
+            tested = self.resolve(tested)
+        except HarnessRepoError:
+            return False
+        if tip == tested:
+            return True
+        shape = lambda sha: self._git("show", "-s", "--format=%T %P", sha)  # noqa: E731
+        return shape(tip) == shape(tested)
 
     def revert(self, merge_sha: str, why: str) -> str:
         """Undo a promotion with a `git revert -m 1` commit on main whose message says why."""
@@ -407,8 +483,9 @@ class HarnessRepo:
         trailers.append(("Reverted-Because", why))
         message = _message(subject, body, trailers)
         mainline = ["-m", "1"] if info.is_merge else []
+        before = self.resolve(MAIN)
         try:
-            self.repo.git.execute(["git", "revert", "--no-commit", *mainline, sha], env=self._env)
+            self._run(["revert", "--no-commit", *mainline, sha])
         except git.GitCommandError:
             self._git("revert", "--abort")
             raise HarnessRepoError(f"reverting {sha[:7]} conflicts with later changes on main") from None
@@ -419,7 +496,7 @@ class HarnessRepo:
             msg_file = Path(tmp, "message")
             msg_file.write_text(message, encoding="utf-8")
             self._git("commit", "--quiet", "--no-verify", "-F", str(msg_file))
-        return self.resolve(MAIN)
+        return self._moved_main(before)
 
 
 def _tz(offset_seconds_west: int) -> str:

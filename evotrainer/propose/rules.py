@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from evotrainer.harness.loader import Harness, HarnessError
+from evotrainer.harness.isolated import IsolatedHarness
+from evotrainer.harness.loader import HarnessError
 from evotrainer.propose.base import Evidence, Proposal, register_agent
 from evotrainer.skills.library import Skill, SkillError, SkillLibrary
 
@@ -116,8 +117,9 @@ class RulesAgent:
         changed = {f: t for f, t in edits.items() if harness.get(f) != t}
         if not changed:
             return self._skip(slug, "changes nothing in the current harness")
-        try:
-            Harness({**harness, **changed}, Path(f"<proposal {slug}>"))
+        try:  # loaded in a sandbox worker: main's harness may be code an LLM wrote
+            with IsolatedHarness({**harness, **changed}, Path(f"<proposal {slug}>")) as proposal:
+                proposal.check()
         except HarnessError as exc:
             return self._skip(slug, f"does not load: {exc}")
         exp = skill.expected

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from evotrainer.domains.base import Domain, Task
+from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
 from evotrainer.policy.backends import GenerationBackend, get_backend, require_vllm
 # Re-exported: the hf helpers used to live here.
@@ -62,7 +63,7 @@ def make_eval_backend(config, model=None, tokenizer=None, lora_rank: int = 16) -
                        load_adapter=s.load_adapter, concurrency=s.concurrency, timeout_s=s.timeout_s)
 
 
-def evaluate(model, tokenizer, domain: Domain, harness: Harness, tasks: Sequence[Task], *,
+def evaluate(model, tokenizer, domain: Domain, harness: IsolatedHarness | Harness, tasks: Sequence[Task], *,
              seed: int, max_new_tokens: int, batch_size: int,
              on_batch: Callable[[int], None] | None = None,
              backend: GenerationBackend | None = None) -> EvalResult:
@@ -71,7 +72,7 @@ def evaluate(model, tokenizer, domain: Domain, harness: Harness, tasks: Sequence
 
     torch.manual_seed(seed)
     backend = backend or HFBackend(model, tokenizer, batch_size)
-    prompts = [harness.render_prompt(question=t.prompt) for t in tasks]
+    prompts = harness.render_prompts([t.prompt for t in tasks])
     result = EvalResult(seed=seed, n=len(tasks), successes=0)
     generations = backend.generate(prompts, max_new_tokens, on_batch)
     if len(generations) != len(tasks):

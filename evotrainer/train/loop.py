@@ -21,7 +21,8 @@ from evotrainer.config import Config
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
-from evotrainer.harness.loader import Harness, HarnessSpec
+from evotrainer.harness.isolated import IsolatedHarness
+from evotrainer.harness.loader import HarnessSpec
 from evotrainer.harness.spec import trainer_kwargs
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.policy import adapter_version, load_policy
@@ -50,7 +51,7 @@ class Session:
     config: Config
     workdir: Path
     store: Store
-    harness: Harness
+    harness: IsolatedHarness  # its code runs only in a sandbox worker (harness/isolated.py)
     domain: object
     train_tasks: list[Task]
     heldout: dict[int, list[Task]]
@@ -67,7 +68,7 @@ class Session:
 
 
 def open_session(config: Config, workdir: Path, console: Console | None = None,
-                 harness: Harness | None = None) -> Session:
+                 harness: IsolatedHarness | None = None) -> Session:
     console = console or make_console(stderr=True)
     check_backends(config)  # a vLLM config on a machine without CUDA fails here, before any work
     workdir.mkdir(parents=True, exist_ok=True)
@@ -272,8 +273,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     round_id = share(session.store.begin_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
     tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed, index)
-    rows = [{"prompt": [{"role": "user", "content": session.harness.render_prompt(question=t.prompt)}],
-             "task_id": t.task_id} for t in tasks]
+    prompts = session.harness.render_prompts([t.prompt for t in tasks])  # one request for the round
+    rows = [{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id} for t, p in zip(tasks, prompts)]
     scaffold_kwargs = {}
     if cfg.domain.scaffold == "agent":  # multi-turn episodes through TRL's rollout_func: train/rollout.py
         from evotrainer.train.rollout import AgentRollout, agent_rows

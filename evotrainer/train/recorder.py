@@ -2,7 +2,9 @@
 
 The recorder is the reward function TRL calls. It runs the trusted check (verified outcome),
 then the harness reward (named components), and keeps the scored rollouts of the current
-generation batch until the trainer hook has computed advantages and filter decisions.
+generation batch until the trainer hook has computed advantages and filter decisions. Harness
+calls go out as one batch per step (rewards, then filters): with an IsolatedHarness each batch is
+one round trip to its sandbox worker.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Sequence
 
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Domain, Task
+from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
 from evotrainer.store import Store, StoredRollout
 
@@ -40,7 +43,7 @@ class RolloutRecorder:
 
     __name__ = "harness"  # TRL names reward functions by __name__ in its logs
 
-    def __init__(self, domain: Domain, tasks: dict[str, Task], harness: Harness, store: Store,
+    def __init__(self, domain: Domain, tasks: dict[str, Task], harness: IsolatedHarness | Harness, store: Store,
                  ctx: RoundContext, stop_token_ids: Sequence[int]):
         self.domain = domain
         self.tasks = tasks
@@ -54,7 +57,8 @@ class RolloutRecorder:
     def __call__(self, prompts, completions, completion_ids, task_id, agent_rollout=None, experience=None,
                  **_: Any) -> list[float]:
         self.pending = []
-        rewards = []
+        rewards: list[float] = []
+        scored: list[Rollout] = []
         n = len(prompts)
         for i in range(n):
             if agent_rollout is not None:
@@ -68,7 +72,9 @@ class RolloutRecorder:
                 # prompt; meta names the lessons the policy was shown.
                 rollout = replace(rollout, prompt=completion_text(experience[i]["prompt"]),
                                   meta={**rollout.meta, "experience": list(experience[i]["lessons"])})
-            components = self.harness.reward(rollout)
+            scored.append(rollout)
+        # One request for the whole batch: harness code runs in a sandbox worker (harness/isolated.py).
+        for rollout, components in zip(scored, self.harness.rewards(scored)):
             reward = self.harness.training_reward(components)
             self.pending.append((rollout, components, reward))
             rewards.append(reward)
@@ -102,13 +108,16 @@ class RolloutRecorder:
             raise RuntimeError(f"{len(advantages)} advantages for {len(self.pending)} rollouts")
         kept: list[bool] = []
         rows: list[StoredRollout] = []
+        groups = []
         for start in range(0, len(self.pending), group_size):
             group = self.pending[start:start + group_size]
             group_id = uuid.uuid4().hex
-            rollouts = [replace(r, group_id=group_id) for r, _, _ in group]
-            keep_group = self.harness.keep_group(rollouts, [rw for _, _, rw in group])
-            for j, (rollout, (_, components, reward)) in enumerate(zip(rollouts, group)):
-                keep = keep_group and self.harness.keep_rollout(rollout)
+            groups.append(([replace(r, group_id=group_id) for r, _, _ in group], [rw for _, _, rw in group]))
+        decisions = self.harness.filters(groups)  # every group of the step in one request
+        for g, ((rollouts, _), keeps) in enumerate(zip(groups, decisions)):
+            start = g * group_size
+            group = self.pending[start:start + group_size]
+            for j, (rollout, (_, components, reward), keep) in enumerate(zip(rollouts, group, keeps)):
                 kept.append(keep)
                 rows.append(StoredRollout(
                     rollout=rollout, reward_components=components, reward=reward,

@@ -1,0 +1,241 @@
+"""The trusted side's handle on a harness whose code runs only in a sandbox worker, called in batches.
+
+Training, diagnose and the report never execute harness Python in their own process. They hold
+an `IsolatedHarness`: harness.yaml is parsed here (it is data); every call into reward.py,
+filters.py, curriculum.py, rollout.py (its PROMPT template is rendered in the worker too: a
+template can loop or allocate without bound, Jinja's sandbox or not) and the probes is a message
+to one worker of a `SandboxPool` (evotrainer/harness/sandbox.py). One message carries a whole batch
+(every reward of a GRPO step, every filter decision of a step), so the boundary costs one round
+trip per step, not one per rollout.
+
+What comes back is JSON from a process that ran untrusted code: each value goes through the same
+`validate_*` check here that the worker already applied. A harness fault (or a worker that died,
+hung, or tried something the guards refuse) is a HarnessError naming the harness, as a fault of
+an in-process Harness was; the pool is started again on the next call.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Mapping, Sequence
+
+from evotrainer.api import Rollout, TaskStats, Turn, rollout_from_dict, rollout_to_dict
+from evotrainer.harness.loader import (SPEC_FILE, HarnessError, Probe, harness_version, parse_spec,
+                                       validate_bool, validate_probes, validate_reward, validate_stop,
+                                       validate_weights)
+from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxPool
+
+LABEL = "harness"
+
+
+def _stats_to_dict(s: TaskStats) -> dict[str, Any]:
+    return {"task_id": s.task_id, "attempts": s.attempts, "successes": s.successes, "meta": dict(s.meta)}
+
+
+def _refused(h: Any, what: str) -> None:
+    """A refused operation that harness code swallowed, for calls made outside
+    SandboxedHarness's own wrapper (probes, the template): the worker's guard recorded it."""
+    violations = getattr(getattr(h, "_guard", None), "violations", ())
+    if violations:
+        raise CandidateFailure(f"{what} attempted {violations[0]}", h.label)
+
+
+@dataclass(frozen=True)
+class HarnessCalls:
+    """In the worker: answer one batched request against the one harness the pool loaded."""
+
+    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> None:
+        return None
+
+    def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> Any:
+        h = harnesses[LABEL]
+        kind = message[0]
+        if kind == "describe":
+            inner = h.harness  # attributes of the loaded modules: data, no harness call
+            return {"prompt": inner.prompt_source,
+                    "probes": [{"name": p.name, "dimension": p.dimension, "warn": p.warn,
+                                "critical": p.critical, "direction": p.direction} for p in inner.probes]}
+        if kind == "reward":
+            return [h.reward(rollout_from_dict(d)) for d in message[1]]
+        if kind == "render":  # the template is harness input too: its loops and sizes run here
+            prompts = [h.harness.render_prompt(question, **extra) for question, extra in message[1]]
+            _refused(h, "rendering rollout.py: PROMPT")
+            return prompts
+        if kind == "filters":  # [(rollouts, rewards)] per group -> [(keep_group, [keep_rollout])]
+            out = []
+            for dicts, rewards in message[1]:
+                rollouts = [rollout_from_dict(d) for d in dicts]
+                group = h.keep_group(rollouts, rewards)
+                # keep_rollout only runs for rollouts of kept groups, as it always has
+                out.append([group, [group and h.keep_rollout(r) for r in rollouts]])
+            return out
+        if kind == "weights":
+            return h.weights([TaskStats(**d) for d in message[1]])
+        if kind == "stop":
+            return h.stop([Turn(role, content) for role, content in message[1]])
+        if kind == "probe":
+            _, name, dicts, rewards = message
+            probe = next(p for p in h.harness.probes if p.name == name)
+            try:
+                value: Any = ["value", probe.evaluate([rollout_from_dict(d) for d in dicts], rewards)]
+            except HarnessError as exc:  # the probe's own fault: that probe is n/a, as in process
+                value = ["error", str(exc)[:2000]]
+            _refused(h, f"diagnostics.py: probe {name}()")
+            return value
+        raise ValueError(f"unknown harness request {kind!r}")
+
+
+class IsolatedHarness:
+    """A harness by its sources; its code runs in a sandbox worker, started on first use."""
+
+    def __init__(self, sources: Mapping[str, str], path: Path | str, version: str | None = None,
+                 limits: SandboxLimits = SandboxLimits()) -> None:
+        self.sources = dict(sources)
+        self.path = Path(path)
+        self.spec = parse_spec(self.sources[SPEC_FILE])  # data: safe to read here
+        self.version = version or harness_version(self.sources)
+        self.limits = limits
+        self._pool: SandboxPool | None = None
+        self._described: dict | None = None
+        self._closer: weakref.finalize | None = None  # stops the worker when this is collected
+
+    def __repr__(self) -> str:
+        return f"IsolatedHarness({str(self.path)!r}, version={self.version!r})"
+
+    def __enter__(self) -> "IsolatedHarness":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker (a later call starts a fresh one)."""
+        if self._closer is not None:
+            self._closer()  # pool.close(), once
+        self._pool = self._closer = None
+
+    # ------------------------------------------------------------ the boundary
+
+    def _call(self, message: tuple) -> Any:
+        """One request, one reply; any fault of the harness is a HarnessError naming it."""
+        try:
+            if self._pool is None:
+                pool = SandboxPool([(LABEL, self.sources)], HarnessCalls(), 1, self.limits)
+                pool.__enter__()
+                self._pool = pool
+                self._closer = weakref.finalize(self, pool.close)
+            for _, reply in self._pool.imap([message]):
+                return reply
+        except CandidateFailure as failure:
+            self.close()  # the pool closed its workers; the next call starts a fresh one
+            raise HarnessError(f"harness {self.version[:12]}: {failure.reason}") from None
+        raise HarnessError(f"harness {self.version[:12]}: no reply from the sandbox worker")
+
+    def _describe(self) -> dict:
+        if self._described is None:
+            described = self._call(("describe",))
+            if not isinstance(described, dict) or not isinstance(described.get("prompt"), str):
+                raise HarnessError("rollout.py: PROMPT did not come back as a string")
+            self._described = described
+        return self._described
+
+    # ------------------------------------------------------------ data (checked here)
+
+    @property
+    def prompt_source(self) -> str:
+        return self._describe()["prompt"]
+
+    def check(self) -> None:
+        """Load it (in the worker: the template compiles there) and check its probes here."""
+        self.probes  # noqa: B018 -- validated on access
+
+    def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:
+        """PROMPT rendered for each question, in one round trip."""
+        if not questions:
+            return []
+        values = self._call(("render", [(str(q), dict(extra)) for q in questions]))
+        if not (isinstance(values, list) and len(values) == len(questions) and all(isinstance(v, str) for v in values)):
+            raise HarnessError("rollout.py: rendered prompts did not come back as one string per question")
+        return values
+
+    def render_prompt(self, question: str, **extra: Any) -> str:
+        return self.render_prompts([question], **extra)[0]
+
+    @property
+    def probes(self) -> list[Probe]:
+        """The probes' names and thresholds (validated here); each fn is a call to the worker."""
+        raw = self._describe()["probes"]
+        if not isinstance(raw, list):
+            raise HarnessError("diagnostics.py: PROBES did not come back as a list")
+        specs = [dict(p, fn=self._probe_fn(p.get("name"))) if isinstance(p, dict) else p for p in raw]
+        return validate_probes(specs)
+
+    def _probe_fn(self, name: Any) -> Callable[[Sequence[Rollout], Sequence[float]], Any]:
+        def fn(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> Any:
+            kind, value = self._call(("probe", name, [rollout_to_dict(r) for r in rollouts],
+                                      [float(w) for w in rewards]))
+            if kind == "error":
+                raise HarnessError(str(value))
+            return value  # Probe.evaluate validates it here
+
+        return fn
+
+    def probe_values(self, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> dict[str, float | None]:
+        """Every probe's value on one batch, by probe name."""
+        return {p.name: p.evaluate(rollouts, rewards) for p in self.probes}
+
+    def training_reward(self, components: Mapping[str, float]) -> float:
+        """The weighted sum of reward components; a component without a weight counts 1.0."""
+        weights = self.spec.reward_weights
+        return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
+
+    # ------------------------------------------------------------ batched calls
+
+    def rewards(self, rollouts: Sequence[Rollout]) -> list[dict[str, float]]:
+        """reward() of every rollout, in one round trip."""
+        if not rollouts:
+            return []
+        values = self._call(("reward", [rollout_to_dict(r) for r in rollouts]))
+        if not isinstance(values, list) or len(values) != len(rollouts):
+            raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
+        return [validate_reward(v) for v in values]
+
+    def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
+        """Per group, the kept flag of each rollout (keep_group and keep_rollout), in one round trip."""
+        if not groups:
+            return []
+        values = self._call(("filters", [([rollout_to_dict(r) for r in rs], [float(w) for w in ws])
+                                         for rs, ws in groups]))
+        if not isinstance(values, list) or len(values) != len(groups):
+            raise HarnessError("filters.py: replies do not match the groups sent")
+        out = []
+        for (rollouts, _), value in zip(groups, values):
+            if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], list)
+                    and len(value[1]) == len(rollouts)):
+                raise HarnessError("filters.py: replies do not match the groups sent")
+            group = validate_bool(value[0], "filters.py: keep_group()")
+            keeps = [validate_bool(k, "filters.py: keep_rollout()") for k in value[1]]
+            out.append([group and k for k in keeps])
+        return out
+
+    # The single-item forms of the Harness interface, for callers that have one item.
+
+    def reward(self, rollout: Rollout) -> dict[str, float]:
+        return self.rewards([rollout])[0]
+
+    def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
+        stats = tuple(task_stats)
+        value = self._call(("weights", [_stats_to_dict(s) for s in stats]))
+        return validate_weights(value, [s.task_id for s in stats])
+
+    def stop(self, turns: Sequence[Turn]) -> str | None:
+        return validate_stop(self._call(("stop", [(t.role, t.content) for t in turns])))
+
+
+def isolated_from_folder(folder: Path | str, limits: SandboxLimits = SandboxLimits()) -> IsolatedHarness:
+    """The harness in a plain folder (a shipped seed), isolated like one from the repo."""
+    from evotrainer.harness.loader import read_sources
+
+    return IsolatedHarness(read_sources(folder), Path(folder), limits=limits)
