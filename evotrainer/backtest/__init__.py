@@ -81,6 +81,8 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
     try:
         report = _earlier_report(repo, store, base_v, cand_v, rev, selector or Selector()) if reuse else None
         if report is not None:
+            if not (ws.backtests / f"{report['id']}.json").is_file():  # the kill came before its file did
+                write_report(ws.backtests, report)
             _record(repo, rev, report["id"], record)
             return report
         run, decision = _run_and_decide(store, base_v, cand_v, selector or Selector(), gate, declared,

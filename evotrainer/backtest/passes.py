@@ -108,9 +108,12 @@ def replay(store: Store, selection: Selection, runs: list[SideRun], chunks: Iter
                            message_timeout_s=gate.time_budget_s)
     job = ReplayJob(gate.determinism_sample)
     results: queue.Queue = queue.Queue()
-    feeds = {label: _Feed(workers) for label in by_label}
+    # The sides run at once, so they share the workers asked for: as many processes as one side
+    # had before, and on Ray no more actors than the cluster has CPUs (more would never start).
+    per_side = max(1, workers // len(runs))
+    feeds = {label: _Feed(per_side) for label in by_label}
     start = time.perf_counter()
-    threads = [threading.Thread(target=_serve, args=(pool_class, r, job, workers, limits, feeds[r.side.label], results),
+    threads = [threading.Thread(target=_serve, args=(pool_class, r, job, per_side, limits, feeds[r.side.label], results),
                                 name=f"evotrainer-backtest-{r.side.label}", daemon=True) for r in runs]
     pending: dict[int, list] = {}  # chunk number -> [its facts, sides still to answer]
     waiting: dict[str, list] = {label: [] for label in by_label}  # replies held until shares are known

@@ -226,7 +226,8 @@ class Coevolution:
         best = passing[0]
         from evotrainer.backtest import load_report
 
-        report = load_report(self.ws.backtests, best.backtest)
+        with Store.open(self.ws.root, self.config.store.url) as store:  # the index first, then the file
+            report = load_report(self.ws.backtests, best.backtest, store)
         if self.approve is not None:
             if not self.approve(best, report, self.repo.diff("main", report["candidate"])):
                 best.decision = "reject"
