@@ -1,15 +1,10 @@
 """The outer loop's own decisions, on real git repos and a real SQLite store: promotion through
-the gate, --approve saying no, verification that reverts a regression, and kill-and-resume."""
+the gate, --approve saying no, verification that reverts a regression, and its control arm
+(kill-and-resume: tests/test_resume.py)."""
 
 from __future__ import annotations
 
-import json
 import shutil
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -157,34 +152,6 @@ def test_verification_within_noise_validates_the_skill(loop):
     assert learned.status == "validated"
     assert learned.evidence[-1]["commit"] == merge and learned.evidence[-1]["backtest"] == "bt-y"
     assert (loop.ws.root / "skills" / skill / "skill.yaml").is_file()
-
-
-@pytest.mark.slow
-def test_kill_and_resume_loses_no_rollout(tmp_path, embedded_model_dir):
-    cmd = [sys.executable, "-m", "evotrainer", "coevolve", "--config", str(TINY), "--rounds", "2",
-           "--workdir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    state_file = tmp_path / "coevolve.json"
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if state_file.exists() and json.loads(state_file.read_text())["stage"] not in ("train",):
-                break  # round 0 trained; kill somewhere in the outer-loop stages
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    with Store.open(tmp_path) as s:
-        before = s.count_rollouts()
-    assert before > 0
-    done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    state = RunState.load(state_file)
-    assert state.round == 2 and [h["round"] for h in state.history] == [0, 1]
-    with Store.open(tmp_path) as s:
-        assert s.count_rollouts() >= before
-        ids_round0 = {r.rollout.id for r in s.iter_rollouts(round_index=0)}
-    assert len(ids_round0) >= before
 
 
 def _eval(seed: int, n: int, solved: list[str]) -> dict:
