@@ -250,7 +250,9 @@ def test_finding_the_expected_values_in_memory(domain, task):
 
 def test_reading_the_expected_values_from_the_task_file(domain, files):
     tasks, path = files
-    assert b"minimum(7, 3) == 3" in run_sandboxed(["cat", str(path)], timeout_s=10).stdout.encode()  # readable
+    if not str(path).startswith(("/tmp/", "/var/tmp/", "/dev/shm/")):  # else the sandbox's own tmpfs hides it
+        # The control: a plain sandboxed command can read the file, so only the checker covers it.
+        assert b"minimum(7, 3) == 3" in run_sandboxed(["cat", str(path)], timeout_s=10).stdout.encode()
     steal = (f"import json, re\nROWS = [json.loads(l) for l in open({str(path)!r}) if l.strip()]\n"
              "def minimum(a, b):\n    for row in ROWS:\n        for t in row.get('test_list', []):\n"
              "            m = re.match(r'assert minimum\\((.*)\\) == (.*)$', t)\n"
