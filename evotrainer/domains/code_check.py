@@ -261,6 +261,17 @@ def _answer(code: str, entry: str, calls: list[dict], timeout_s: float, flags: l
     return {"load_error": load, "results": well_formed, "returncode": sb.returncode}
 
 
+def _list_of(raw: str, n: int, flag: str) -> list:
+    """A sandboxed process's JSON list of exactly n items; anything else is an error outcome."""
+    try:
+        got = json.loads(raw)
+        if isinstance(got, list) and len(got) == n:
+            return got
+    except (ValueError, TypeError, RecursionError):
+        pass
+    raise _Failed(Outcome(False, 0.0, "error", (flag,)))
+
+
 def _recorded(reference: str, programs: list[str], entry: str, setup: str, timeout_s: float) -> list:
     """The recorded call arguments of each program (None: cannot be replayed), cached per task."""
     keys = [(reference, p, entry, setup) for p in programs]
@@ -268,12 +279,7 @@ def _recorded(reference: str, programs: list[str], entry: str, setup: str, timeo
     if missing and reference.strip():
         sb, raw = _sandboxed(_RECORD, {"code": reference, "entry": entry,
                                        "programs": [setup + "\n" + k[1] for k in missing]}, timeout_s)
-        try:
-            got = json.loads(raw)
-            if not (isinstance(got, list) and len(got) == len(missing)):
-                raise ValueError("short")
-        except (ValueError, TypeError, RecursionError):
-            raise _Failed(Outcome(False, 0.0, "error", ("record_failed",))) from None
+        got = _list_of(raw, len(missing), "record_failed")
         if len(_records) > _RECORD_CACHE_MAX:
             _records.clear()
         _records.update(zip(missing, got))
@@ -288,12 +294,7 @@ def _replay(prefix: str, entry: str, items: list[tuple[str, list | None, list]],
     sb, raw = _sandboxed(_REPLAY, {"prefix": prefix, "entry": entry, "programs": programs}, timeout_s)
     if sb.timed_out:
         raise _Failed(Outcome(False, 0.0, "timeout", tuple(flags)))
-    try:
-        verdicts = json.loads(raw)
-        if not (isinstance(verdicts, list) and len(verdicts) == len(programs)):
-            raise ValueError("short")
-    except (ValueError, TypeError, RecursionError):
-        raise _Failed(Outcome(False, 0.0, "error", ("replay_failed",))) from None
+    verdicts = _list_of(raw, len(programs), "replay_failed")
     unreplayable = ["unreplayable"] * sum(1 for _, calls, _ in items if calls is None)
     return [v if v is None else str(v) for v in verdicts] + unreplayable
 
