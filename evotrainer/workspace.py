@@ -14,7 +14,7 @@ from pathlib import Path
 import git
 
 from evotrainer.harness.loader import HARNESS_FILES, read_sources
-from evotrainer.harness.trusted_git import safe_env
+from evotrainer.harness.trusted_git import GUARD_FILE, MainGuard, safe_env
 from evotrainer.paths import HARNESSES_DIR
 
 MAIN = "main"
@@ -137,10 +137,14 @@ def _create_harness_repo(ws: Workspace, domain: str, seed: Path) -> None:
                    f"The starting harness, copied from {seed.resolve()}.\n"
                    "Every later change is a candidate branch merged into main.\n")
         repo.git.commit("--quiet", "--no-verify", "-m", message)
+        seed_sha = repo.head.commit.hexsha
         repo.close()
         if ws.harnesses.exists():  # an empty folder (checked above)
             ws.harnesses.rmdir()
         staging.rename(ws.harnesses)
+        # The creator records main's tip: a guard left by an older repo here would otherwise
+        # refuse this one, and ranks opening the new repo at once find it recorded.
+        MainGuard(ws.root / GUARD_FILE).record(seed_sha)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

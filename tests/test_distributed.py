@@ -44,13 +44,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _each_rank(stderr: str, lines: int = 25) -> str:
+    """The end of every rank's own output: the rank that failed first is rarely the last to print."""
+    parts = []
+    for rank in (0, 1):
+        mine = [line for line in stderr.splitlines() if line.startswith(f"[default{rank}]")]
+        parts.append(f"--- rank {rank}\n" + "\n".join(mine[-lines:]))
+    return "\n".join(parts) + "\n--- launcher\n" + stderr[-1500:]
+
+
 @pytest.mark.slow
 def test_two_ranks_share_one_workspace_and_store_every_rollout_once(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
          "--master_port", str(_free_port()), str(ROOT / "dist_probe.py"), str(tmp_path)],
         capture_output=True, text=True, timeout=400, cwd=ROOT.parent)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, _each_rank(r.stderr)
     seen = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1)]
     assert [(s["rank"], s["world"], s["main"]) for s in seen] == [(0, 2, True), (1, 2, False)]
     # Rank 1 never created a run or a round: it holds rank 0's ids.

@@ -266,3 +266,15 @@ def test_a_shallow_file_is_refused(ws):
     (ws.harnesses / ".git" / "shallow").write_text(repo.resolve("main") + "\n")
     with pytest.raises(UnsafeRepoError, match="shallow"):
         repo.resolve("main")
+
+
+def test_a_workspace_made_again_over_an_old_guard_opens(tmp_path):
+    """The guard outlives a deleted harness repo; the new repo's creator records its own main."""
+    import shutil
+
+    old = ensure_workspace(tmp_path / "work", "math")
+    repo = HarnessRepo(old.harnesses)
+    repo.promote(propose(repo).branch, "passed")
+    shutil.rmtree(old.harnesses)
+    new = ensure_workspace(tmp_path / "work", "math")
+    assert HarnessRepo(new.harnesses).resolve("main") == git(new.harnesses, "rev-parse", "HEAD")

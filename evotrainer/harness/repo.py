@@ -27,7 +27,7 @@ import git
 
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, HarnessError, _needs
-from evotrainer.harness.trusted_git import MainGuard, RefMovedError, check_config, safe_env
+from evotrainer.harness.trusted_git import GUARD_FILE, MainGuard, RefMovedError, check_config, safe_env
 
 MAIN = "main"
 CANDIDATE_PREFIX = "candidate/"
@@ -137,7 +137,7 @@ class HarnessRepo:
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise HarnessRepoError(f"{self.path}: no harness repo here (run `evotrainer init`)") from None
         check_config(self.path)
-        self.guard = MainGuard(Path(guard) if guard is not None else self.path.parent / "harness-refs.json")
+        self.guard = MainGuard(Path(guard) if guard is not None else self.path.parent / GUARD_FILE)
         # Read (never run) from every config level: commits work on machines without a git
         # identity, and a configured one is respected although git itself reads no global config.
         with self.repo.config_reader() as config:

@@ -125,6 +125,9 @@ def check_config(repo: Path) -> None:
                                   "(it could make git run a program); remove it")
 
 
+GUARD_FILE = "harness-refs.json"  # beside the harness repo, in the workspace: out of the repo's reach
+
+
 class MainGuard:
     """The tip of a guarded ref as evotrainer last left it, kept in a JSON file outside the repo."""
 
