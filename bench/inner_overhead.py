@@ -25,8 +25,13 @@ from evotrainer.paths import CONFIGS_DIR
 
 
 class StepTimer(TrainerCallback):
+    """Wall time per step, and what TRL logged about the step's completions: a step's cost follows
+    how many tokens it generated, so a side that stops or drops completions early is cheaper."""
+
     def __init__(self):
         self.times: list[float] = []
+        self.lengths: list[float] = []
+        self.clipped: list[float] = []
         self._t = None
 
     def on_step_begin(self, args, state, control, **kw):
@@ -34,6 +39,13 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         self.times.append(time.perf_counter() - self._t)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        logs = logs or {}
+        if "completions/mean_length" in logs:
+            self.lengths.append(float(logs["completions/mean_length"]))
+        if "completions/clipped_ratio" in logs:
+            self.clipped.append(float(logs["completions/clipped_ratio"]))
 
 
 def dataset(session, tasks):
@@ -65,7 +77,7 @@ def run_plain(session, tasks, steps, seed, workdir) -> list[float]:
                           train_dataset=dataset(session, tasks), processing_class=tok, callbacks=[timer])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    return timer.times[1:]
+    return timer
 
 
 def run_ours(session, tasks, steps, seed, workdir) -> list[float]:
@@ -86,7 +98,11 @@ def run_ours(session, tasks, steps, seed, workdir) -> list[float]:
                                  recorder=recorder, callbacks=[timer])
     trainer.remove_callback(PrinterCallback)
     trainer.train()
-    return timer.times[1:]
+    return timer
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "n/a"
 
 
 def main() -> int:
@@ -103,9 +119,12 @@ def main() -> int:
     per_prompt = cfg.train.prompts_per_step
     tasks = session.train_tasks[: args.steps * per_prompt]
     plain, ours = [], []
+    timers: dict[str, list[StepTimer]] = {"plain": [], "ours": []}
     for rep in range(args.repeats):
-        plain += run_plain(session, tasks, args.steps, 0, work / "plain")
-        ours += run_ours(session, tasks, args.steps, 0, work / "ours")
+        timers["plain"].append(run_plain(session, tasks, args.steps, 0, work / "plain"))
+        plain += timers["plain"][-1].times[1:]
+        timers["ours"].append(run_ours(session, tasks, args.steps, 0, work / "ours"))
+        ours += timers["ours"][-1].times[1:]
         print(f"repeat {rep}: plain {statistics.median(plain):.2f} s/step, ours {statistics.median(ours):.2f} s/step",
               flush=True)
     g = session.grpo
@@ -113,8 +132,16 @@ def main() -> int:
           f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
     print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
     print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
+    for side, runs in timers.items():
+        lengths = [x for t in runs for x in t.lengths[1:]]
+        clipped = [x for t in runs for x in t.clipped[1:]]
+        print(f"{side:>5}: median completion length {_median(lengths)} tokens, "
+              f"clipped at max length {_median([100 * c for c in clipped])}%")
     ratio = statistics.median(ours) / statistics.median(plain)
     print(f"ratio ours/plain: {ratio:.3f} (target <= 1.10)")
+    if ratio < 1:
+        print(f"our step is faster: plain/ours {1 / ratio:.3f} (see the completion lengths above: "
+              "the harness's stop rule and filters change how much each step generates and trains on)")
     return 0
 
 
