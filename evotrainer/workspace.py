@@ -16,6 +16,7 @@ import git
 from evotrainer.harness.loader import HARNESS_FILES, read_sources
 from evotrainer.harness.trusted_git import GUARD_FILE, MainGuard, safe_env
 from evotrainer.paths import HARNESSES_DIR
+from evotrainer.sandbox.protected import protect
 
 MAIN = "main"
 IDENTITY = ("evotrainer", "evotrainer@localhost")
@@ -28,10 +29,11 @@ class WorkspaceError(Exception):
 
 
 class Workspace:
-    """Paths inside one workspace folder. Cheap to build: it touches nothing."""
+    """Paths inside one workspace folder. Cheap to build: it touches no file."""
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
+        protect(self.root)  # never visible to a policy's sandboxed code (sandbox/protected.py)
 
     def __repr__(self) -> str:
         return f"Workspace({str(self.root)!r})"

@@ -64,6 +64,7 @@ from evotrainer.sandbox.launcher import (
     _scrubbed_env,
     _start,
 )
+from evotrainer.sandbox.protected import protected
 from evotrainer.sandbox.processes import (
     MIN_SANDBOX_UID,
     _cgroup_base,
@@ -186,7 +187,8 @@ def run_sandboxed(
     """Run `cmd` in a fresh copy of `src` (+ `files`; None removes) under limits; see the module docstring.
 
     `cmd[0]` is resolved on the sandbox PATH (or is absolute). `cpu_s` defaults to the timeout.
-    `hide` lists host paths the command must not see (the task's originals). `network=True`
+    `hide` lists host paths the command must not see (the task's originals); the workspaces and
+    stores this process opened are always hidden too (protected.py). `network=True`
     skips the network namespace. `stdin` is fed to the command (then closed): inputs passed this
     way never exist as files the command could find. Raises SandboxError only when the sandbox
     cannot be set up.
@@ -231,7 +233,7 @@ def run_sandboxed(
             argv, work, repo, env, uid, _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc + own),
             netns=not network and support["netns"], mountns=support["mountns"], pidns=support["pidns"],
             cgroup=str(cgroup_dir / "cgroup.procs") if cgroup_dir else None,
-            hide=_hideable(hide, work, exe), exe=exe)
+            hide=_hideable([*hide, *protected()], work, exe), exe=exe)
         return _supervise(cfg, work, out, uid, cgroup_dir, nproc, timeout_s, start, list_workdir, stdin)
     finally:
         _sweep(None, uid, cgroup_dir)

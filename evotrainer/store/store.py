@@ -16,6 +16,7 @@ from sqlalchemy.pool import StaticPool
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
 from evotrainer.store.models import Backtest, Base, Counter, Eval, RolloutRow, Round, Run, Task, utcnow
 from evotrainer.store.models import Lesson, LessonEmbedding
+from evotrainer.sandbox.protected import protect
 
 # Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
 _IN_CHUNK = 500
@@ -141,6 +142,8 @@ class Store:
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         elif is_sqlite:
             kwargs.update(connect_args={"timeout": 30})
+            # Answers and hidden tests live here: no sandboxed command may read or change them.
+            protect(*(parsed.database + suffix for suffix in ("", "-wal", "-shm", "-journal")))
         self.engine = create_engine(url, **kwargs)
         if is_sqlite:
             _setup_sqlite(self.engine)
@@ -182,6 +185,7 @@ class Store:
     def open(cls, workdir: Path, url: str | None = None) -> "Store":
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        protect(workdir)  # the workspace beside the store, whatever the url (sandbox/protected.py)
         return cls(url or f"sqlite:///{(workdir / 'store.db').resolve()}")
 
     def close(self) -> None:
