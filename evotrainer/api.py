@@ -96,7 +96,7 @@ class TaskStats:
         return self.successes / self.attempts if self.attempts else 0.0
 
 
-# The functions a harness defines, one file each (see DESIGN.md, "Harness contract").
+# The functions a harness defines, one file each (see docs/design.md, "The harness contract").
 RewardFn = Callable[[Rollout], dict[str, float]]  # reward.py: reward(rollout)
 KeepRolloutFn = Callable[[Rollout], bool]  # filters.py: keep_rollout(rollout)
 KeepGroupFn = Callable[[Sequence[Rollout], Sequence[float]], bool]  # filters.py: keep_group

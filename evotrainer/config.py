@@ -142,7 +142,7 @@ class ExecutorConfig(_Strict):
 
 
 class GateConfig(_Strict):
-    """The promotion gate: trusted config, never harness code (DESIGN.md, "Gate")."""
+    """The promotion gate: trusted config, never harness code (docs/design.md, "The gate")."""
 
     margin: float = Field(0.02, ge=0)  # absolute improvement a targeted ratio metric needs
     # mean_tokens is a count, not a ratio: an absolute 0.02 tokens would pass any change, so as a

@@ -6,7 +6,7 @@ value and class. So a backtest gives bit-identical numbers whatever the chunking
 workers, or the order in which partial tallies come back; that is what makes `replay` exact.
 Memory is bounded by the number of distinct training rewards, not by the number of rollouts.
 
-Definitions (see DESIGN.md, "Backtest metrics"); "kept" means kept by both filters and not cut
+Definitions (see docs/design.md, "Backtest metrics"); "kept" means kept by both filters and not cut
 by the harness's `stop`:
 
 - dead_group_ratio: groups whose training rewards span <= EPS (GRPO gets no signal from them)

@@ -13,7 +13,7 @@ class Proposal:
     slug: str  # short kebab-case name, used in the branch candidate/<round>-<slug>
     diagnosis: str  # what the evidence shows
     edits: Mapping[str, str]  # harness file name -> its full new text (files at the harness root only)
-    targets: str  # the backtest metric this change is meant to move (DESIGN.md names)
+    targets: str  # the backtest metric this change is meant to move (docs/design.md, "Backtest metrics")
     expected: str  # the effect it predicts, in words and numbers
     skill: str | None = None  # the skill it was rendered from, if any
     params: Mapping[str, Any] = field(default_factory=dict)  # the grid point used
