@@ -16,7 +16,7 @@ from test_grader_redteam import CALC, FIXED, calc_patch, task  # noqa: E402,F401
 
 from evotrainer.backtest import Selector, run_backtest  # noqa: E402
 from evotrainer.backtest.engine import HarnessVersion  # noqa: E402
-from evotrainer.cli.grade import _grade_job  # noqa: E402
+from evotrainer.grade.batch import grade_job as _grade_job  # noqa: E402
 from evotrainer.config import GateConfig  # noqa: E402
 from evotrainer.harness.sandbox import CandidateFailure  # noqa: E402
 from evotrainer.sandbox import get_executor, isolation_support, run_sandboxed  # noqa: E402

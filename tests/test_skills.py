@@ -288,10 +288,16 @@ def test_parse_rejects_bad_skills(tmp_path: Path) -> None:
                             ({"intervention": [{"file": "../evil.py", "template": "filters.py.j2"}]}, "not a harness file"),
                             ({"intervention": [{"file": "filters.py", "template": "missing.j2"}]}, "not found"),
                             ({"name": "other"}, "differs from its folder"),
-                            ({"colour": 1}, "unknown key")]:
+                            ({"colour": 1}, "unknown key"),
+                            ({"trigger": [{"probe": "x", "op": ">", "value": True}]}, r"trigger\[0\]\.value"),
+                            ({"intervention": [{"file": "filters.py"}]}, r"intervention\[0\]: an edit is"),
+                            ({"grid": {"min_std": []}}, "grid.min_std: must not be empty"),
+                            ({"validation": {"margin": None}}, "validation.margin"),
+                            ({"default_on": 1}, "default_on")]:
         (folder / "skill.yaml").write_text(yaml.safe_dump({**raw, **change}))
-        with pytest.raises(SkillError, match=message):
+        with pytest.raises(SkillError, match=message) as caught:
             parse_skill(folder)
+        assert str(caught.value).startswith(f"{folder / 'skill.yaml'}: ")  # every message names the file
 
 
 # ---------------------------------------------------------------- CLI

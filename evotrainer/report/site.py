@@ -17,6 +17,7 @@ from typing import Callable
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from evotrainer.coevolve.state import RunState
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.report import gather
 from evotrainer.report.charts import Histogram, Marker, Series, histogram_chart, line_chart
@@ -129,88 +130,144 @@ def backtest_charts(bts: list[dict], store: Store | None, ws: Workspace) -> None
             bt["chart_note"] = (d or {}).get("error") or "no chart: the backtest has no metrics"
 
 
+@dataclass
+class _Gathered:
+    """What the pages show, read from the workspace while its store is open."""
+
+    state: RunState | None
+    rounds: list[dict]
+    base: dict[str, float]
+    skills: list[dict]
+    backtests: list[dict]
+    lineage: dict
+    diagnostics: list[dict]
+
+    @property
+    def by_id(self) -> dict[str, dict]:
+        return {b["id"]: b for b in self.backtests}
+
+
+class _Laps:
+    """Seconds per stage of the build, for ReportSummary.timings."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.tick = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self.tick, 3)
+        self.tick = now
+
+
 def build_report(workdir: Path | str, out: Path | str | None = None,
                  on_progress: Callable[[int, int], None] | None = None) -> ReportSummary:
     """Build the site for `workdir` into `out` (default <workdir>/report); return what was written."""
     start = time.perf_counter()
+    ws = _workspace(workdir)
+    out = _empty_out(Path(out) if out is not None else ws.report)
+    env, lap = _env(), _Laps()
+    store = Store.open(ws.root) if ws.store_path.exists() else None
+    try:
+        data = _gather(ws, store)
+        lap("gather")
+        backtest_charts(data.backtests, store, ws)
+        lap("distributions")
+        writer, n_rollouts = _write_rollouts(env, store, out, data.diagnostics, on_progress)
+        lap("rollouts")
+    finally:
+        if store:
+            store.close()
+    _highlight_code(data)
+    pages = _pages(data, writer)
+    _write_pages(env, out, pages, ws, data.state)
+    lap("pages")
+    written = len(pages) + (writer.pages_written if writer else 0)
+    return ReportSummary(out, written, n_rollouts, time.perf_counter() - start, lap.timings)
+
+
+def _workspace(workdir: Path | str) -> Workspace:
     ws = Workspace(workdir)
     if not ws.root.is_dir():
         raise ReportError(f"{ws.root}: no such workspace folder")
     if not ws.store_path.exists() and not ws.exists():
         raise ReportError(f"{ws.root}: neither store.db nor a harness repo here; is this a workspace?")
-    out = Path(out) if out is not None else ws.report
+    return ws
+
+
+def _empty_out(out: Path) -> Path:
+    """`out`, emptied; a folder that holds anything but an earlier report is never deleted."""
     if out.exists():
         if any(out.iterdir()) and not (out / "index.html").exists():
             raise ReportError(f"{out}: exists, is not empty and is not a report; pick another --out")
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    env = _env()
-    timings: dict[str, float] = {}
-    tick = time.perf_counter()
+    return out
 
-    def lap(name: str) -> None:
-        nonlocal tick
-        now = time.perf_counter()
-        timings[name] = round(now - tick, 3)
-        tick = now
 
+def _gather(ws: Workspace, store: Store | None) -> _Gathered:
     state = gather.load_state(ws.root)
-    store = Store.open(ws.root) if ws.store_path.exists() else None
-    try:
-        rounds = gather.rounds(store, state) if store else []
-        base = gather.base_success(store) if store else {}
-        skills = gather.skills(ws)
-        bts = gather.backtests(ws, store)
-        by_id = {b["id"]: b for b in bts}
-        lineage = gather.lineage(ws, by_id, skills, state)
-        diags = gather.diagnostics(ws)
-        lap("gather")
-        backtest_charts(bts, store, ws)
-        lap("distributions")
-        want = {rid for d in diags for p in d["alerts"] for rid in p.examples}
-        writer = RolloutWriter(store, out, lambda t, ctx: env.get_template(t).render(nav=PAGES, current="rollouts/index.html", **ctx), want) \
-            if store else None
-        n_rollouts = writer.total() if writer else 0
-        if writer:
-            done = 0
+    rounds = gather.rounds(store, state) if store else []
+    base = gather.base_success(store) if store else {}
+    skills = gather.skills(ws)
+    bts = gather.backtests(ws, store)
+    lineage = gather.lineage(ws, {b["id"]: b for b in bts}, skills, state)
+    return _Gathered(state, rounds, base, skills, bts, lineage, gather.diagnostics(ws))
 
-            def step() -> None:
-                nonlocal done
-                done += 1
-                if on_progress and (done % 500 == 0 or done == n_rollouts):
-                    on_progress(done, n_rollouts)
 
-            writer.write(step)
-        lap("rollouts")
-    finally:
-        if store:
-            store.close()
+def _write_rollouts(env: Environment, store: Store | None, out: Path, diags: list[dict],
+                    on_progress: Callable[[int, int], None] | None) -> tuple[RolloutWriter | None, int]:
+    """The rollout pages (none without a store), and how many rollouts they hold. The rollouts
+    that diagnostics cite as examples are the ones whose pages they link to."""
+    if store is None:
+        return None, 0
+    want = {rid for d in diags for p in d["alerts"] for rid in p.examples}
+    writer = RolloutWriter(store, out, lambda t, ctx: env.get_template(t).render(
+        nav=PAGES, current="rollouts/index.html", **ctx), want)
+    total, done = writer.total(), 0
 
-    for c in lineage["commits"] + lineage["rejected"]:
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if on_progress and (done % 500 == 0 or done == total):
+            on_progress(done, total)
+
+    writer.write(step)
+    return writer, total
+
+
+def _highlight_code(data: _Gathered) -> None:
+    """Highlighted HTML beside each commit's diff and each skill's templates."""
+    for c in data.lineage["commits"] + data.lineage["rejected"]:
         c["diff_html"] = highlight(c["diff"], "diff") if c["diff"] else ""
-    for s in skills:
+    for s in data.skills:
         s["templates_html"] = {name: highlight(text, "jinja" if name.endswith(".j2") else "text")
                                for name, text in s["templates"].items()}
-    known_commits = {c["sha"] for c in lineage["commits"]}
-    common = {"nav": PAGES, "workdir": str(ws.root.resolve()), "state": state,
-              "generated": time.strftime("%Y-%m-%d %H:%M")}
-    pages = {
-        "index.html": ("overview.html.j2", {"rounds": rounds, "base": base, "commit_shas": known_commits,
-                                           "chart": Markup(overview_chart(rounds, lineage))}),
-        "lineage.html": ("lineage.html.j2", {"lineage": lineage, "backtests": by_id}),
-        "backtests.html": ("backtests.html.j2", {"backtests": bts, "lineage": lineage}),
-        "diagnostics.html": ("diagnostics.html.j2", {"diagnostics": diags,
+
+
+def _pages(data: _Gathered, writer: RolloutWriter | None) -> dict[str, tuple[str, dict]]:
+    """Each top-level page: its template and what it shows."""
+    by_id, known_commits = data.by_id, {c["sha"] for c in data.lineage["commits"]}
+    return {
+        "index.html": ("overview.html.j2", {"rounds": data.rounds, "base": data.base, "commit_shas": known_commits,
+                                           "chart": Markup(overview_chart(data.rounds, data.lineage))}),
+        "lineage.html": ("lineage.html.j2", {"lineage": data.lineage, "backtests": by_id}),
+        "backtests.html": ("backtests.html.j2", {"backtests": data.backtests, "lineage": data.lineage}),
+        "diagnostics.html": ("diagnostics.html.j2", {"diagnostics": data.diagnostics,
                                                      "where": writer.where if writer else {}}),
         "rollouts/index.html": ("rollouts_index.html.j2", {"scopes": writer.scopes if writer else [],
                                                            "page_path": page_path, "facet_name": facet_name}),
-        "skills.html": ("skills.html.j2", {"skills": skills, "backtests": by_id, "commits": known_commits}),
+        "skills.html": ("skills.html.j2", {"skills": data.skills, "backtests": by_id, "commits": known_commits}),
     }
+
+
+def _write_pages(env: Environment, out: Path, pages: dict[str, tuple[str, dict]], ws: Workspace,
+                 state: RunState | None) -> None:
+    common = {"nav": PAGES, "workdir": str(ws.root.resolve()), "state": state,
+              "generated": time.strftime("%Y-%m-%d %H:%M")}
     for name, (template, ctx) in pages.items():
         root = "../" * name.count("/")
         html = env.get_template(template).render(root=root, current=name, **common, **ctx)
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(html, encoding="utf-8")
     (out / "style.css").write_text(_css(), encoding="utf-8")
-    lap("pages")
-    written = len(pages) + (writer.pages_written if writer else 0)
-    return ReportSummary(out, written, n_rollouts, time.perf_counter() - start, timings)

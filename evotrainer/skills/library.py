@@ -10,29 +10,24 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 import re
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence, get_args
 
 import yaml
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
 from evotrainer.harness.loader import SPEC_FILE
-from evotrainer.harness.repo import allowed_file
 from evotrainer.paths import SKILLS_DIR
+from evotrainer.skills import schema
 
 SKILL_FILE = "skill.yaml"
-STATUSES = ("seed", "validated", "failed")
+STATUSES = get_args(schema.Status)
 OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}
-DIRECTIONS = ("increase", "decrease")
 EVIDENCE_KEYS = ("run", "round", "backtest", "commit", "domain", "note", "params", "metrics")
-_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_TOP_KEYS = {"name", "summary", "trigger", "intervention", "grid", "expected", "validation", "domains",
-             "status", "evidence", "default_on"}
 
 
 class SkillError(ValueError):
@@ -289,102 +284,47 @@ def set_yaml_key(text: str, dotted: str, value: Any) -> str:
 # ---------------------------------------------------------------- parsing
 
 
-def _need(cond: bool, where: str, message: str) -> None:
-    if not cond:
-        raise SkillError(f"{where}: {message}")
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def parse_skill(folder: Path, source: str = "shipped") -> Skill:
     """Read and validate `<folder>/skill.yaml` and the files it names."""
-    where = str(folder / SKILL_FILE)
+    where = folder / SKILL_FILE
     try:
-        raw = yaml.safe_load((folder / SKILL_FILE).read_text(encoding="utf-8"))
+        raw = yaml.safe_load(where.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise SkillError(f"{where}: cannot read: {exc}") from None
-    _need(isinstance(raw, dict), where, "expected a mapping")
-    unknown = sorted(set(raw) - _TOP_KEYS)
-    _need(not unknown, where, f"unknown key(s) {', '.join(map(str, unknown))}")
-    name = raw.get("name")
-    _need(isinstance(name, str) and _NAME.fullmatch(name) is not None and len(name) <= 40, where,
-          f"name must be lowercase words joined by '-' (at most 40 chars), got {name!r}")
-    _need(name == folder.name, where, f"name {name!r} differs from its folder {folder.name!r}")
-    where = f"skill {name}"
-    _need(isinstance(raw.get("summary"), str) and raw["summary"].strip(), where, "summary must be text")
-
-    trig_raw = raw.get("trigger")
-    trig_list = trig_raw if isinstance(trig_raw, list) else [trig_raw]
-    triggers = []
-    for t in trig_list:
-        _need(isinstance(t, dict) and set(t) == {"probe", "op", "value"}, where,
-              "trigger must be {probe, op, value} (or a list of them: any fires)")
-        _need(isinstance(t["probe"], str) and t["probe"], where, "trigger.probe must be a probe name")
-        _need(t["op"] in OPS, where, f"trigger.op must be one of {' '.join(OPS)}, got {t['op']!r}")
-        _need(_number(t["value"]), where, f"trigger.value must be a number, got {t['value']!r}")
-        triggers.append(Trigger(t["probe"], t["op"], float(t["value"])))
-    _need(bool(triggers), where, "needs a trigger")
-
-    edits, templates = [], {}
-    items = raw.get("intervention")
-    _need(isinstance(items, list) and items, where, "intervention must be a non-empty list of edits")
-    for item in items:
-        _need(isinstance(item, dict) and "file" in item and set(item) <= {"file", "template", "set"}
-              and ("template" in item or "set" in item), where,
-              "each intervention edit is {file, template} and/or {file, set}")
-        _need(isinstance(item["file"], str) and allowed_file(item["file"]), where,
-              f"intervention file {item['file']!r} is not a harness file")
-        template = item.get("template")
-        if template is not None:
-            path = folder / str(template)
-            _need(isinstance(template, str) and "/" not in template and path.is_file(), where,
-                  f"template {template!r} not found in {folder}")
-            templates[template] = path.read_text(encoding="utf-8")
-            try:
-                _env().parse(templates[template])
-            except TemplateError as exc:
-                raise SkillError(f"{where}: template {template}: {exc}") from None
-        sets = item.get("set")
-        if sets is not None:
-            _need(isinstance(sets, dict) and sets and all(isinstance(k, str) and k for k in sets), where,
-                  "set must map dotted YAML keys to values")
-            _need(item["file"].endswith(".yaml"), where, "set edits YAML files only")
-        edits.append(Edit(item["file"], template, dict(sets) if sets else None))
-
-    grid_raw = raw.get("grid") or {}
-    _need(isinstance(grid_raw, dict), where, "grid must map param names to lists of values")
-    grid = {}
-    for key, values in grid_raw.items():
-        _need(isinstance(key, str) and key.isidentifier(), where, f"grid param {key!r} must be an identifier")
-        _need(isinstance(values, list) and values, where, f"grid.{key} must be a non-empty list")
-        grid[key] = tuple(values)
-
-    expected = raw.get("expected")
-    _need(isinstance(expected, dict) and isinstance(expected.get("metric"), str)
-          and expected.get("direction") in DIRECTIONS and isinstance(expected.get("note"), str), where,
-          "expected must be {metric, direction: increase|decrease, note}")
-    validation = raw.get("validation") or {}
-    _need(isinstance(validation, dict) and isinstance(validation.get("targets", ""), str), where,
-          "validation must be {targets: <backtest metric>, margin?}")
-    _need("margin" not in validation or _number(validation["margin"]), where, "validation.margin must be a number")
-    domains = raw.get("domains")
-    _need(isinstance(domains, list) and domains and all(isinstance(d, str) for d in domains), where,
-          "domains must be a non-empty list")
-    status = raw.get("status", "seed")
-    _need(status in STATUSES, where, f"status must be one of {', '.join(STATUSES)}, got {status!r}")
-    evidence = raw.get("evidence") or []
-    _need(isinstance(evidence, list) and all(isinstance(e, dict) for e in evidence), where,
-          "evidence must be a list of mappings")
-    default_on = raw.get("default_on", True)
-    _need(isinstance(default_on, bool), where, "default_on must be true or false")
+    try:
+        checked = schema.read(raw)
+    except ValueError as exc:
+        raise SkillError(f"{where}: {exc}") from None
+    if checked.name != folder.name:
+        raise SkillError(f"{where}: name: {checked.name!r} differs from its folder {folder.name!r}")
     readme = folder / "README.md"
-    return Skill(name=name, summary=" ".join(raw["summary"].split()), triggers=tuple(triggers),
-                 intervention=tuple(edits), grid=grid, expected=dict(expected), validation=dict(validation),
-                 domains=tuple(domains), status=status, evidence=tuple(evidence), default_on=default_on,
-                 path=folder, source=source, readme=readme.read_text(encoding="utf-8") if readme.is_file() else "",
-                 templates=templates)
+    return Skill(
+        name=checked.name, summary=" ".join(checked.summary.split()),
+        triggers=tuple(Trigger(t.probe, t.op, t.value) for t in checked.trigger),
+        intervention=tuple(Edit(e.file, e.template, e.set) for e in checked.intervention),
+        grid={k: tuple(v) for k, v in checked.grid.items()},
+        expected=checked.expected.model_dump(), validation=checked.validation.model_dump(exclude_unset=True),
+        domains=tuple(checked.domains), status=checked.status, evidence=tuple(checked.evidence),
+        default_on=checked.default_on, path=folder, source=source,
+        readme=readme.read_text(encoding="utf-8") if readme.is_file() else "",
+        templates=_templates(folder, checked.intervention))
+
+
+def _templates(folder: Path, edits: Sequence[schema.EditFile]) -> dict[str, str]:
+    """The text of each template the edits name, each checked to parse as Jinja."""
+    where, out = folder / SKILL_FILE, {}
+    for i, edit in enumerate(edits):
+        if edit.template is None:
+            continue
+        path = folder / edit.template
+        if not path.is_file():
+            raise SkillError(f"{where}: intervention[{i}].template: {edit.template!r} not found in {folder}")
+        out[edit.template] = path.read_text(encoding="utf-8")
+        try:
+            _env().parse(out[edit.template])
+        except TemplateError as exc:
+            raise SkillError(f"{where}: intervention[{i}].template: {edit.template}: {exc}") from None
+    return out
 
 
 # ---------------------------------------------------------------- the library

@@ -249,170 +249,210 @@ def _owns_lines(text: _Text, stmt: ast.stmt) -> bool:
 
 # ---------------------------------------------------------------- one mutation: text edit + tree edit
 
+TreeEdit = Callable[[_Site, ast.AST], None]  # the same change on a fresh tree's site
+Made = tuple[list[Edit], str, TreeEdit] | None  # (text edits, description, tree edit)
 
-def _mutate(site: _Site, text: _Text) -> tuple[list[Edit], str, Callable[[_Site, ast.AST], None]] | None:
+
+def _mutate(site: _Site, text: _Text) -> Made:
     """(text edits, description, the same change on a fresh tree's site) or None when the
     site cannot be edited exactly."""
+    make = _mutator(site)
+    return make(site, text) if make is not None else None
+
+
+def _mutator(site: _Site) -> Callable[[_Site, _Text], Made] | None:
+    """The function that makes this site's mutation: one per kind, two for the kinds with two forms."""
     node, kind = site.node, site.kind
-    if kind == "flip_compare":
-        op = node.ops[0]
-        new = _CMP_FLIP[type(op)]
-        where = _op_in_gap(text, node.left, node.comparators[0], _CMP_PATTERN[type(op)])
-        if where is None:
-            return None
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.ops[0] = new()
-        return [(*where, _CMP_TEXT[new])], f"'{_CMP_TEXT[type(op)]}' -> '{_CMP_TEXT[new]}'", tree
-
-    if kind == "flip_arith":
-        op = node.op
-        new = _ARITH_FLIP[type(op)]
-        if isinstance(node, ast.AugAssign):
-            pattern, repl = re.escape(_ARITH_TEXT[type(op)] + "="), _ARITH_TEXT[new] + "="
-            where = _op_in_gap(text, node.target, node.value, pattern)
-        else:
-            pattern = re.escape(_ARITH_TEXT[type(op)])
-            if _ARITH_TEXT[type(op)] in ("*", "/"):
-                pattern += r"(?![*/=])"
-                pattern = r"(?<![*/])" + pattern
-            repl = _ARITH_TEXT[new]
-            where = _op_in_gap(text, node.left, node.right, pattern)
-        if where is None:
-            return None
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.op = new()
-        return [(*where, repl)], f"'{text.source[where[0]:where[1]]}' -> '{repl}'", tree
-
-    if kind == "off_by_one":
-        seg = text.segment(node)
-        if seg != str(node.value):
-            return None
-        delta = 1 if node.value == 0 or (node.lineno + node.col_offset) % 2 else -1
-        value = node.value + delta
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.value = value
-        return [(*text.span(node), str(value))], f"{node.value} -> {value}", tree
-
-    if kind == "remove_condition" and isinstance(node, ast.BoolOp):
-        i, values = site.variant, node.values
-        if i == 0:
-            edit = (text.span(values[0])[0], text.span(values[1])[0], "")
-        else:
-            edit = (text.span(values[i - 1])[1], text.span(values[i])[1], "")
-        dropped = text.segment(values[i])
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.values.pop(i)
-            if len(s.node.values) == 1:
-                _swap_child(root, s.node, s.node.values[0])
-        return [edit], f"dropped condition `{_short(dropped)}`", tree
-
-    if kind == "remove_condition":  # `if cond:` -> `if True:`
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.test = ast.Constant(True)
-        return [(*text.span(node.test), "True")], f"`if {_short(text.segment(node.test))}:` -> `if True:`", tree
-
-    if kind == "swap_operands":
-        left, right = (node.left, node.comparators[0]) if isinstance(node, ast.Compare) else (node.left, node.right)
-        a, b = text.segment(left), text.segment(right)
-        if a == b:
-            return None
-        (ls, le), (rs, re_) = text.span(left), text.span(right)
-        gap = text.source[le:rs]
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            if isinstance(s.node, ast.Compare):
-                s.node.left, s.node.comparators[0] = s.node.comparators[0], s.node.left
-            else:
-                s.node.left, s.node.right = s.node.right, s.node.left
-        return [(ls, re_, b + gap + a)], f"swapped `{_short(a)}` and `{_short(b)}`", tree
-
-    if kind == "invert_if":
-        test = node.test
-        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-            inner = text.segment(test.operand)
-            edit = (*text.span(test), inner)
-            desc = f"`not {_short(inner)}` -> `{_short(inner)}`"
-
-            def tree(s: _Site, root: ast.AST) -> None:
-                s.node.test = s.node.test.operand
-        else:
-            seg = text.segment(test)
-            edit = (*text.span(test), f"not ({seg})")
-            desc = f"`{_short(seg)}` -> `not ({_short(seg)})`"
-
-            def tree(s: _Site, root: ast.AST) -> None:
-                s.node.test = ast.UnaryOp(ast.Not(), s.node.test)
-        return [edit], desc, tree
-
-    if kind == "remove_branch" and site.variant == 1:  # drop the else/elif part
-        first = node.orelse[0]
-        last_line = node.orelse[-1].end_lineno
-        head = text.lines[first.lineno - 1].lstrip()
-        if len(node.orelse) == 1 and isinstance(first, ast.If) and head.startswith("elif"):
-            start_line, what = first.lineno, "elif"
-        else:
-            start_line = None
-            for ln in range(first.lineno, node.body[-1].end_lineno, -1):
-                line = text.lines[ln - 1]
-                if re.match(r"else\s*:", line.lstrip()) and len(text.indent(ln)) == len(text.indent(node.lineno)):
-                    start_line = ln
-                    break
-            if start_line is None:
-                return None
-            what = "else"
-        if not _owns_lines(text, node.orelse[-1]):
-            return None
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.orelse = []
-        return [_delete_lines(text, start_line, last_line)], f"removed the `{what}` branch", tree
-
-    if kind == "remove_branch":  # a guard clause
-        if not _owns_lines(text, node):
-            return None
-        index = site.parent.index(node)
-
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.parent.pop(index)
-        return [_delete_lines(text, node.lineno, node.end_lineno)], \
-            f"removed `if {_short(text.segment(node.test))}: ...`", tree
-
-    if kind == "remove_assign":
-        if not _owns_lines(text, node):
-            return None
-        index = site.parent.index(node)
-        if len(site.parent) == 1:
-            edit = (text.line_start(node.lineno), text.starts[node.end_lineno], text.indent(node.lineno) + "pass\n")
-
-            def tree(s: _Site, root: ast.AST) -> None:
-                s.parent[index] = ast.Pass()
-        else:
-            edit = _delete_lines(text, node.lineno, node.end_lineno)
-
-            def tree(s: _Site, root: ast.AST) -> None:
-                s.parent.pop(index)
-        return [edit], f"removed `{_short(text.segment(node))}`", tree
-
-    if kind == "break_loop" and isinstance(node, ast.Continue):
-        def tree(s: _Site, root: ast.AST) -> None:
-            _swap_child(root, s.node, ast.Break())
-        return [(*text.span(node), "break")], "`continue` -> `break`", tree
-
+    if kind == "remove_condition":
+        return _drop_operand if isinstance(node, ast.BoolOp) else _if_true
+    if kind == "remove_branch":
+        return _remove_else if site.variant == 1 else _remove_guard
     if kind == "break_loop":
-        last = node.body[-1]
-        if not _owns_lines(text, last) or last.lineno == node.lineno:
-            return None
-        pos = text.starts[last.end_lineno]
-        newline = "" if text.source[:pos].endswith("\n") else "\n"
+        return _continue_to_break if isinstance(node, ast.Continue) else _break_at_loop_end
+    return {"flip_compare": _flip_compare, "flip_arith": _flip_arith, "off_by_one": _off_by_one,
+            "swap_operands": _swap_operands, "invert_if": _invert_if, "remove_assign": _remove_assign}.get(kind)
 
-        def tree(s: _Site, root: ast.AST) -> None:
-            s.node.body.append(ast.Break())
-        return [(pos, pos, f"{newline}{text.indent(last.lineno)}break\n")], "added `break` at the end of the loop body", tree
+
+def _flip_compare(site: _Site, text: _Text) -> Made:
+    node = site.node
+    op = node.ops[0]
+    new = _CMP_FLIP[type(op)]
+    where = _op_in_gap(text, node.left, node.comparators[0], _CMP_PATTERN[type(op)])
+    if where is None:
+        return None
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.ops[0] = new()
+    return [(*where, _CMP_TEXT[new])], f"'{_CMP_TEXT[type(op)]}' -> '{_CMP_TEXT[new]}'", tree
+
+
+def _flip_arith(site: _Site, text: _Text) -> Made:
+    node = site.node
+    new = _ARITH_FLIP[type(node.op)]
+    if isinstance(node, ast.AugAssign):
+        repl = _ARITH_TEXT[new] + "="
+        where = _op_in_gap(text, node.target, node.value, re.escape(_ARITH_TEXT[type(node.op)] + "="))
+    else:
+        repl = _ARITH_TEXT[new]
+        where = _op_in_gap(text, node.left, node.right, _binop_pattern(node.op))
+    if where is None:
+        return None
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.op = new()
+    return [(*where, repl)], f"'{text.source[where[0]:where[1]]}' -> '{repl}'", tree
+
+
+def _binop_pattern(op: ast.operator) -> str:
+    """The operator's text, where `*` and `/` must not be part of `**`, `//` or an `*=`."""
+    pattern = re.escape(_ARITH_TEXT[type(op)])
+    if _ARITH_TEXT[type(op)] in ("*", "/"):
+        pattern = r"(?<![*/])" + pattern + r"(?![*/=])"
+    return pattern
+
+
+def _off_by_one(site: _Site, text: _Text) -> Made:
+    node = site.node
+    if text.segment(node) != str(node.value):
+        return None
+    delta = 1 if node.value == 0 or (node.lineno + node.col_offset) % 2 else -1
+    value = node.value + delta
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.value = value
+    return [(*text.span(node), str(value))], f"{node.value} -> {value}", tree
+
+
+def _drop_operand(site: _Site, text: _Text) -> Made:
+    """`a and b and c` without its operand number `site.variant`."""
+    i, values = site.variant, site.node.values
+    if i == 0:
+        edit = (text.span(values[0])[0], text.span(values[1])[0], "")
+    else:
+        edit = (text.span(values[i - 1])[1], text.span(values[i])[1], "")
+    dropped = text.segment(values[i])
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.values.pop(i)
+        if len(s.node.values) == 1:
+            _swap_child(root, s.node, s.node.values[0])
+    return [edit], f"dropped condition `{_short(dropped)}`", tree
+
+
+def _if_true(site: _Site, text: _Text) -> Made:
+    """`if cond:` -> `if True:`."""
+    node = site.node
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.test = ast.Constant(True)
+    return [(*text.span(node.test), "True")], f"`if {_short(text.segment(node.test))}:` -> `if True:`", tree
+
+
+def _swap_operands(site: _Site, text: _Text) -> Made:
+    node = site.node
+    left, right = (node.left, node.comparators[0]) if isinstance(node, ast.Compare) else (node.left, node.right)
+    a, b = text.segment(left), text.segment(right)
+    if a == b:
+        return None
+    (ls, le), (rs, re_) = text.span(left), text.span(right)
+    gap = text.source[le:rs]
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        if isinstance(s.node, ast.Compare):
+            s.node.left, s.node.comparators[0] = s.node.comparators[0], s.node.left
+        else:
+            s.node.left, s.node.right = s.node.right, s.node.left
+    return [(ls, re_, b + gap + a)], f"swapped `{_short(a)}` and `{_short(b)}`", tree
+
+
+def _invert_if(site: _Site, text: _Text) -> Made:
+    """`if c:` -> `if not (c):`, and `if not c:` -> `if c:`."""
+    test = site.node.test
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = text.segment(test.operand)
+
+        def unwrap(s: _Site, root: ast.AST) -> None:
+            s.node.test = s.node.test.operand
+        return [(*text.span(test), inner)], f"`not {_short(inner)}` -> `{_short(inner)}`", unwrap
+    seg = text.segment(test)
+
+    def negate(s: _Site, root: ast.AST) -> None:
+        s.node.test = ast.UnaryOp(ast.Not(), s.node.test)
+    return [(*text.span(test), f"not ({seg})")], f"`{_short(seg)}` -> `not ({_short(seg)})`", negate
+
+
+def _remove_else(site: _Site, text: _Text) -> Made:
+    """Drop the `else`/`elif` part of an `if`."""
+    node = site.node
+    first = node.orelse[0]
+    head = text.lines[first.lineno - 1].lstrip()
+    if len(node.orelse) == 1 and isinstance(first, ast.If) and head.startswith("elif"):
+        start_line, what = first.lineno, "elif"
+    else:
+        start_line, what = _else_line(text, node), "else"
+    if start_line is None or not _owns_lines(text, node.orelse[-1]):
+        return None
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.orelse = []
+    return [_delete_lines(text, start_line, node.orelse[-1].end_lineno)], f"removed the `{what}` branch", tree
+
+
+def _else_line(text: _Text, node: ast.If) -> int | None:
+    """The line of this `if`'s own `else:` (searched upward from the else body), if it has one."""
+    for ln in range(node.orelse[0].lineno, node.body[-1].end_lineno, -1):
+        if re.match(r"else\s*:", text.lines[ln - 1].lstrip()) and len(text.indent(ln)) == len(text.indent(node.lineno)):
+            return ln
     return None
+
+
+def _remove_guard(site: _Site, text: _Text) -> Made:
+    """Delete a guard clause (`if x: return y`)."""
+    node = site.node
+    if not _owns_lines(text, node):
+        return None
+    index = site.parent.index(node)
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.parent.pop(index)
+    return [_delete_lines(text, node.lineno, node.end_lineno)], \
+        f"removed `if {_short(text.segment(node.test))}: ...`", tree
+
+
+def _remove_assign(site: _Site, text: _Text) -> Made:
+    """Delete an assignment; the only statement of a block becomes `pass`."""
+    node = site.node
+    if not _owns_lines(text, node):
+        return None
+    index, description = site.parent.index(node), f"removed `{_short(text.segment(node))}`"
+    if len(site.parent) == 1:
+        def to_pass(s: _Site, root: ast.AST) -> None:
+            s.parent[index] = ast.Pass()
+        edit = (text.line_start(node.lineno), text.starts[node.end_lineno], text.indent(node.lineno) + "pass\n")
+        return [edit], description, to_pass
+
+    def delete(s: _Site, root: ast.AST) -> None:
+        s.parent.pop(index)
+    return [_delete_lines(text, node.lineno, node.end_lineno)], description, delete
+
+
+def _continue_to_break(site: _Site, text: _Text) -> Made:
+    def tree(s: _Site, root: ast.AST) -> None:
+        _swap_child(root, s.node, ast.Break())
+    return [(*text.span(site.node), "break")], "`continue` -> `break`", tree
+
+
+def _break_at_loop_end(site: _Site, text: _Text) -> Made:
+    node = site.node
+    last = node.body[-1]
+    if not _owns_lines(text, last) or last.lineno == node.lineno:
+        return None
+    pos = text.starts[last.end_lineno]
+    newline = "" if text.source[:pos].endswith("\n") else "\n"
+
+    def tree(s: _Site, root: ast.AST) -> None:
+        s.node.body.append(ast.Break())
+    return [(pos, pos, f"{newline}{text.indent(last.lineno)}break\n")], "added `break` at the end of the loop body", tree
 
 
 def _short(code: str, limit: int = 60) -> str:

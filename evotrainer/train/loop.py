@@ -256,82 +256,126 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
                 start: str | None = None) -> tuple:
     """One round: train `steps` GRPO steps, save the adapter, evaluate held-out. `start` names
     the adapter the model was loaded from when it is not this run's previous round."""
-    from datasets import Dataset
-    from transformers import PrinterCallback
+    from evotrainer.train.progress import ProgressCallback
 
-    from evotrainer.experience import ExperiencePool
-    from evotrainer.experience.inject import ExperienceInjector
-    from evotrainer.train.grpo import HarnessGRPOTrainer
-    from evotrainer.train.progress import CrashPointCallback, ProgressCallback
-    from evotrainer.train.recorder import RolloutRecorder, RoundContext
+    seed = session.config.train.seed + index
+    round_id, model_version = _begin_round(session, index, start)
+    tasks = sample_round_tasks(session, steps * session.config.train.prompts_per_step, seed, index)
+    rows, scaffold_kwargs = _round_dataset(session, tasks, tokenizer, seed)
+    recorder = _recorder(session, round_id, model_version, seed, tokenizer)
+    callback = ProgressCallback(progress, progress.add_task(f"round {index}", total=steps, info=""))
+    trainer = _trainer(session, model, tokenizer, rows, steps, seed, callback=callback, recorder=recorder,
+                       scaffold_kwargs=scaffold_kwargs)
+    started = time.perf_counter()
+    trainer.train()
+    step_time = (time.perf_counter() - started) / steps
+    out = _adapters(session) / f"round-{index}"
+    evals = _save_and_evaluate(session, trainer.model, tokenizer, round_id, out)
+    summary = _round_summary(index, evals, callback.history, step_time, out)
+    _finish_round(session, round_id, summary)
+    return trainer.model, summary
 
-    cfg = session.config
-    seed = cfg.train.seed + index
-    adapters = session.workdir / "adapters" / cfg.run_name
-    prev = Path(start) if start else (adapters / f"round-{index - 1}" if index > 0 else None)
+
+def _adapters(session: Session) -> Path:
+    return session.workdir / "adapters" / session.config.run_name
+
+
+def _begin_round(session: Session, index: int, start: str | None) -> tuple[int, str]:
+    """The round's id (rank 0 writes its row, every rank gets the id) and the version of the
+    adapter it trains from: `start`, or else this run's previous round."""
+    prev = Path(start) if start else (_adapters(session) / f"round-{index - 1}" if index > 0 else None)
     model_version = adapter_version(prev if prev and prev.is_dir() else None)
     round_id = share(session.store.begin_round(session.run_id, index, session.harness.version, model_version)
                      if is_main() else None)
-    tasks = sample_round_tasks(session, steps * cfg.train.prompts_per_step, seed, index)
+    return round_id, model_version
+
+
+def _round_dataset(session: Session, tasks: list[Task], tokenizer, seed: int) -> tuple[list[dict], dict]:
+    """The round's dataset rows, and the trainer arguments its scaffold and harness.yaml ask for."""
+    from evotrainer.experience import ExperiencePool
+    from evotrainer.experience.inject import ExperienceInjector
+
+    cfg = session.config
     prompts = session.harness.render_prompts([t.prompt for t in tasks])  # one request for the round
     rows = [{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id} for t, p in zip(tasks, prompts)]
-    scaffold_kwargs = {}
+    kwargs: dict = {}
     if cfg.domain.scaffold == "agent":  # multi-turn episodes through TRL's rollout_func: train/rollout.py
         from evotrainer.train.rollout import AgentRollout, agent_rows
 
         rows = agent_rows(tasks)
-        scaffold_kwargs["rollout_func"] = AgentRollout(
+        kwargs["rollout_func"] = AgentRollout(
             session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, cfg.domain.agent, tokenizer)
     # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py); none for
     # the agent scaffold, whose rollout_func builds its own prompts
-    experience = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
+    kwargs["experience"] = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
         session.harness, ExperiencePool(session.store), cfg.domain.name, seed))
     # harness.yaml `step_credit`: a judge labels each step GOOD/BAD during training (judge/steps.py)
-    step_labeller = step_judge(session) if session.harness.spec.step_credit["enabled"] else None
-    if step_labeller is not None:
-        scaffold_kwargs["step_labeller"] = step_labeller
-    recorder = RolloutRecorder(
+    if session.harness.spec.step_credit["enabled"]:
+        kwargs["step_labeller"] = step_judge(session)
+    return rows, kwargs
+
+
+def _recorder(session: Session, round_id: int, model_version: str, seed: int, tokenizer):
+    """What scores and stores every rollout of the round (all ranks' through rank 0 when distributed)."""
+    from evotrainer.train.recorder import RolloutRecorder, RoundContext
+
+    return RolloutRecorder(
         session.domain, {t.task_id: t for t in session.train_tasks}, session.harness,
         GatheredRollouts(session.store) if distributed() else session.store,
         RoundContext(session.run_id, round_id, model_version, session.harness.version, seed),
         stop_token_ids=[tokenizer.eos_token_id, tokenizer.pad_token_id],
     )
-    bar = progress.add_task(f"round {index}", total=steps, info="")
-    callback = ProgressCallback(progress, bar)
+
+
+def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, seed: int, *, callback, recorder,
+             scaffold_kwargs: dict):
+    """The round's GRPO trainer, reporting to the progress `callback` and storing through `recorder`."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    from evotrainer.train.grpo import HarnessGRPOTrainer
+    from evotrainer.train.progress import CrashPointCallback
+
     trainer = HarnessGRPOTrainer(
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        recorder=recorder, callbacks=[callback, CrashPointCallback(cfg.run_name)], experience=experience, **scaffold_kwargs,
+        train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder,
+        callbacks=[callback, CrashPointCallback(session.config.run_name)], **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
-    started = time.perf_counter()
-    trainer.train()
-    elapsed = time.perf_counter() - started
-    model = trainer.model
-    out = adapters / f"round-{index}"
+    return trainer
+
+
+def _save_and_evaluate(session: Session, model, tokenizer, round_id: int, out: Path) -> list[EvalResult]:
+    """One adapter, one held-out eval, on rank 0; the other ranks wait for its result."""
     evals = None
-    if is_main():  # one adapter, one held-out eval; the other ranks wait for its result
+    if is_main():
         model.save_pretrained(str(out))
         evals = evaluate_heldout(session, model, tokenizer, round_id, str(out))
-    evals = share(evals)
-    hist = callback.history
+    return share(evals)
+
+
+def _round_summary(index: int, evals: list[EvalResult], history: list[dict], step_time: float,
+                   adapter: Path) -> RoundSummary:
     summary = RoundSummary(
         index=index,
         heldout_success=statistics.fmean(e.success_rate for e in evals),
-        train_reward=statistics.fmean(h["reward"] for h in hist) if hist else 0.0,
-        train_success=statistics.fmean(h.get("verified/success", 0) for h in hist) if hist else 0.0,
-        step_time=elapsed / steps,
-        adapter=str(out),
+        train_reward=statistics.fmean(h["reward"] for h in history) if history else 0.0,
+        train_success=statistics.fmean(h.get("verified/success", 0) for h in history) if history else 0.0,
+        step_time=step_time,
+        adapter=str(adapter),
     )
     summary.metrics = {"heldout_success": summary.heldout_success, "train_reward": summary.train_reward,
                        "train_success": summary.train_success, "step_time": summary.step_time,
                        "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
+    return summary
+
+
+def _finish_round(session: Session, round_id: int, summary: RoundSummary) -> None:
     if is_main():
-        session.store.finish_round(round_id, summary.metrics, str(out))
+        session.store.finish_round(round_id, summary.metrics, summary.adapter)
         if session.harness.spec.memory["enabled"]:
             run_memory(session)  # the memory on disk holds this round's results
     barrier()  # the next round reads this one's rollouts and status on every rank
-    return model, summary
 
 
 def add_frontier_tasks(session: Session, index: int) -> None:
