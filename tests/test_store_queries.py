@@ -87,7 +87,7 @@ def test_views_read_names_labels_and_aggregates(store: Store) -> None:
     store.add_rollouts([replace(make(i, kind="ok" if i % 2 else "wrong"), run_id=b, round_id=r0 if i < 8 else r1)
                         for i in range(12)] + [make(50)])
     assert store.round_labels() == {r0: ("b-run", 0), r1: ("b-run", 1)}
-    assert [r["run_id"] for r in store.rounds()] == [b, b] and store.rounds(a) == []
+    assert [r["run_id"] for r in store.all_rounds()] == [b, b] and store.rounds(a) == []
     counts = {(rid, kind, kept): n for rid, kind, kept, n in store.outcome_counts()}
     assert sum(counts.values()) == 13 and counts[(None, "ok", True)] == 1
     rows = list(store.round_rows(r0, ("seq", "id", "meta"), page=3))

@@ -51,7 +51,7 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
     history = {h["round"]: h for h in (state.history if state else [])}
     runs = store.run_names()
     out = []
-    for r in store.rounds():
+    for r in store.all_rounds():
         metrics, h = r["metrics"] or {}, health.get(r["id"], {})
         hist = history.get(r["index"]) if state and runs.get(r["run_id"]) == state.run else None
         out.append({

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from sqlalchemy import case, create_engine, event, func, insert, select, text, update
+from sqlalchemy import Select, case, create_engine, event, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -278,11 +278,15 @@ class Store(LessonRows, ReplayReads, ViewReads):
             ).first()
             return (row.index, row.adapter_path) if row else None
 
-    def rounds(self, run_id: int | None = None) -> list[dict[str, Any]]:
-        """A run's rounds by index; with no run, every run's, by run id then index."""
-        query = select(Round).order_by(Round.run_id, Round.index)
-        if run_id is not None:
-            query = query.where(Round.run_id == run_id)
+    def rounds(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's rounds, by index."""
+        return self._rounds(select(Round).where(Round.run_id == run_id).order_by(Round.index))
+
+    def all_rounds(self) -> list[dict[str, Any]]:
+        """Every run's rounds, by run id then index."""
+        return self._rounds(select(Round).order_by(Round.run_id, Round.index))
+
+    def _rounds(self, query: Select) -> list[dict[str, Any]]:
         with self._session() as s:
             return [
                 {"id": r.id, "run_id": r.run_id, "index": r.index, "harness_version": r.harness_version,
