@@ -1,8 +1,9 @@
 """The store, backtests and resume against a real PostgreSQL server (tests/pg_server.py starts a
 throwaway one on loopback; without the server packages these tests skip, or fail in CI).
 
-The store tests are the SQLite ones (tests/test_store.py) run again with a PostgreSQL `store`;
-the backtest tests compare a PostgreSQL store with a SQLite store holding the same rollouts.
+The store tests are the SQLite ones (tests/test_store.py, tests/test_store_queries.py) run again
+with a PostgreSQL `store`; the backtest tests compare a PostgreSQL store with a SQLite store
+holding the same rollouts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from test_store import (  # noqa: F401
     test_rollout_round_trip_keeps_every_field,
     test_runs_rounds_and_evals,
     test_task_stats_counts_and_task_meta,
+)
+from test_store_queries import (  # noqa: F401
+    test_group_rows_reads_each_group_whole_and_once,
+    test_long_id_lists_are_read_in_bounded_chunks,
+    test_pin_rounds_a_limit_up_to_the_end_of_its_group,
+    test_rollout_keys_pages_and_listed_ids_come_in_store_order,
+    test_views_read_names_labels_and_aggregates,
 )
 
 from evotrainer.backtest import Selector, backtest, replay

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evotrainer.store.models import RolloutRow
+from evotrainer.store import ROLLOUT_ID_CHARS
 
 MAX_BYTES = 64 * 2**20
-_ID_CHARS = RolloutRow.__table__.c.id.type.length
+_ID_CHARS = ROLLOUT_ID_CHARS
 _LINE = 4096  # bytes: a line is read this far at most (an id, or a comment)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-from sqlalchemy import Text, cast, func, select
+from typing import Sequence
 
 from evotrainer.backtest.metrics import is_flagged
-from evotrainer.backtest.selector import IN_BATCH, Scope
-from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow
+from evotrainer.store import RolloutScope, Store
 
 # The order of the fields in a frozen rollout (replay_worker.py builds api objects from it).
 COLUMNS = ("seq", "id", "task_id", "group_id", "domain", "prompt", "completion", "turns",
            "outcome_success", "outcome_score", "outcome_kind", "outcome_flags", "num_tokens",
            "truncated", "meta")
-_JSON_COLUMNS = ("turns", "outcome_flags", "meta")  # read as text: each worker parses its own copy
 
 
 @dataclass(frozen=True)
@@ -45,16 +40,13 @@ def _loads_list(text: str | None) -> list:
 class ChunkReader:
     """Reads chunks (selector.plan_chunks) from the store, whole groups only."""
 
-    def __init__(self, store: Store, scope: Scope | None):
+    def __init__(self, store: Store, scope: RolloutScope | None):
         self.store, self.scope = store, scope
-        c = RolloutRow.__table__.c
-        self.columns = [cast(c[n], Text) if n in _JSON_COLUMNS else c[n] for n in COLUMNS]
 
     def read(self, chunk: tuple) -> tuple[list[list[list]], list[list[Fact]]]:
         """(frozen groups for a worker, the same groups as facts), groups in the order of their
         first row, rollouts in store order."""
-        with self.store.engine.connect() as conn:
-            rows = self._rows(conn, chunk)
+        rows = self._rows(chunk)
         frozen: dict[str, list[list]] = {}
         facts: dict[str, list[Fact]] = {}
         flagged: dict[tuple, bool] = {}  # (kind, flags text): a handful of distinct ones per chunk
@@ -70,36 +62,12 @@ class ChunkReader:
             facts.setdefault(group_id, []).append(Fact(rid, group_id, task_id, bool(success), hack, int(tokens)))
         return list(frozen.values()), list(facts.values())
 
-    def _rows(self, conn: Any, chunk: tuple) -> Sequence:
-        c = RolloutRow.__table__.c
+    def _rows(self, chunk: tuple) -> Sequence:
+        # JSON columns (turns, flags, meta) stay text: each worker parses its own copy.
         if chunk[0] == "seqs":
-            seqs = chunk[1]
-            rows = [r for i in range(0, len(seqs), IN_BATCH)
-                    for r in conn.execute(select(*self.columns).where(c.seq.in_(seqs[i:i + IN_BATCH])))]
-            return sorted(rows, key=lambda r: r[0])
+            return self.store.rows_at(chunk[1], COLUMNS, raw_json=True)
         _, lo, hi = chunk
-        scope = self.scope
-        rows = conn.execute(scope.where(select(*self.columns)).where(c.seq >= lo, c.seq <= hi)
-                            .order_by(c.seq)).all()
-        local: dict[str, int] = {}
-        for r in rows:
-            local[r[3]] = local.get(r[3], 0) + 1
-        split: dict[str, int] = {}  # group -> seq of its first selected row, if not all in [lo, hi]
-        names = list(local)
-        for i in range(0, len(names), IN_BATCH):
-            query = (scope.where(select(c.group_id, func.count(), func.min(c.seq)))
-                     .where(c.group_id.in_(names[i:i + IN_BATCH])).group_by(c.group_id))
-            for group, total, first in conn.execute(query):
-                if total != local[group]:
-                    split[group] = first
-        if not split:
-            return rows
-        out = [r for r in rows if r[3] not in split]
-        for group, first in split.items():
-            if lo <= first <= hi:  # this chunk holds the group's first row: read all of it
-                out.extend(conn.execute(scope.where(select(*self.columns))
-                                        .where(c.group_id == group).order_by(c.seq)))
-        return out
+        return self.store.group_rows(self.scope, lo, hi, COLUMNS, raw_json=True)
 
 
 __all__ = ["COLUMNS", "ChunkReader", "Fact"]

@@ -1,4 +1,4 @@
-"""Which stored rollouts a backtest replays: the selector, its SQL scope, and chunks of whole groups.
+"""Which stored rollouts a backtest replays: the selector, its pinned store scope, and chunks of whole groups.
 
 The parent streams the selection's (seq, id, group_id) once, in store order, to fix the set
 (count and a hash of the ordered ids) and to cut it into chunks of whole groups. Groups are
@@ -14,15 +14,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from sqlalchemy import func, select
-
 from evotrainer.backtest.ids_file import read_ids
-from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow, Round
+from evotrainer.store import RolloutScope, Store
 
-_PAGE = 10_000  # (seq, id, group_id) rows per keyset page when the parent streams the selection
-IN_BATCH = 500  # bound parameters per IN (...)
-_IN = IN_BATCH
+_MISSING_SAMPLE = 2000  # listed ids looked at to name the missing entries
 
 
 @dataclass(frozen=True)
@@ -97,74 +92,42 @@ class Selector:
         return ",".join(parts) or "all"
 
 
-@dataclass(frozen=True)
-class Scope:
-    """The SQL side of a resolved selector (the parent applies it to every read)."""
-
-    run_id: int | None
-    round_index: int | None
-    domain: str | None
-    until_seq: int
-
-    def where(self, query: Any) -> Any:
-        c = RolloutRow.__table__.c
-        query = query.where(c.seq <= self.until_seq)
-        if self.run_id is not None:
-            query = query.where(c.run_id == self.run_id)
-        if self.round_index is not None:
-            rounds = select(Round.id).where(Round.index == self.round_index)
-            if self.run_id is not None:
-                rounds = rounds.where(Round.run_id == self.run_id)
-            query = query.where(c.round_id.in_(rounds))
-        if self.domain is not None:
-            query = query.where(c.domain == self.domain)
-        return query
-
-
 @dataclass
 class Selection:
     """A resolved selector: the pinned selector, its count, and (once streamed) the ids hash."""
 
     selector: Selector
-    scope: Scope | None
+    scope: RolloutScope | None  # None for listed ids; else what every read of the selection applies
     count: int
     ids_sha256: str = ""
 
 
 def resolve(store: Store, selector: Selector) -> Selection:
     """Pin the selector to the rollouts stored now; ValueError for an unknown run or missing ids."""
-    c = RolloutRow.__table__.c
-    with store.engine.connect() as conn:
-        if selector.ids is not None:
-            found = 0
-            for i in range(0, len(selector.ids), _IN):
-                found += conn.scalar(select(func.count()).where(c.id.in_(selector.ids[i:i + _IN])))
-            if found != len(selector.ids):
-                sample = selector.ids[:_IN * 4]
-                known = store.existing_ids(sample)
-                # Entry numbers, not ids: the list may come from a file never meant to be shown.
-                missing = [str(i) for i, rid in enumerate(sample, 1) if rid not in known]
-                raise ValueError(f"{len(selector.ids) - found} of the {len(selector.ids)} listed rollout "
-                                 f"id(s) are not in the store (list entries {', '.join(missing[:3])}"
-                                 f"{', ...' if len(missing) > 3 else ''})")
-            return Selection(selector, None, len(selector.ids))
-        run_id = None
-        if selector.run is not None:
-            run_id = store.run_id(selector.run)
-            if run_id is None:
-                raise ValueError(f"no run named {selector.run!r} in the store")
-        until = selector.until_seq
-        if until is None:
-            until = conn.scalar(select(func.max(c.seq))) or 0
-        scope = Scope(run_id, selector.round, selector.domain, until)
-        if selector.limit is not None:
-            nth = conn.execute(scope.where(select(c.seq, c.group_id)).order_by(c.seq)
-                               .offset(selector.limit - 1).limit(1)).first()
-            if nth is not None:  # limit counts rows, rounded up to finish the last group
-                end = conn.scalar(scope.where(select(func.max(c.seq))).where(c.group_id == nth.group_id))
-                scope = replace(scope, until_seq=max(nth.seq, end or nth.seq))
-        count = conn.scalar(scope.where(select(func.count()).select_from(RolloutRow.__table__)))
-    return Selection(replace(selector, until_seq=scope.until_seq), scope, count or 0)
+    if selector.ids is not None:
+        found = store.count_in(RolloutScope(), selector.ids)
+        if found != len(selector.ids):
+            sample = selector.ids[:_MISSING_SAMPLE]
+            known = store.existing_ids(sample)
+            # Entry numbers, not ids: the list may come from a file never meant to be shown.
+            missing = [str(i) for i, rid in enumerate(sample, 1) if rid not in known]
+            raise ValueError(f"{len(selector.ids) - found} of the {len(selector.ids)} listed rollout "
+                             f"id(s) are not in the store (list entries {', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''})")
+        return Selection(selector, None, len(selector.ids))
+    run_id = None
+    if selector.run is not None:
+        run_id = store.run_id(selector.run)
+        if run_id is None:
+            raise ValueError(f"no run named {selector.run!r} in the store")
+    # limit counts rows, rounded up to finish the last group
+    scope, count = store.pin(RolloutScope(run_id, selector.round, selector.domain, until_seq=selector.until_seq),
+                             selector.limit)
+    return Selection(replace(selector, until_seq=scope.until_seq), scope, count)
+
+
+def _keys(store: Store, selection: Selection) -> Iterator[tuple[int, str, str]]:
+    return store.rollout_keys(selection.scope, selection.selector.ids if selection.scope is None else None)
 
 
 def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator[tuple]:
@@ -174,14 +137,9 @@ def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator
     ids (the parent then knows every group, so chunks hold whole groups by construction).
     """
     digest = hashlib.sha256()
-    c = RolloutRow.__table__.c
     if selection.scope is None:
-        ids = selection.selector.ids
-        with store.engine.connect() as conn:
-            keys = sorted(tuple(r) for i in range(0, len(ids), _IN)
-                          for r in conn.execute(select(c.seq, c.id, c.group_id).where(c.id.in_(ids[i:i + _IN]))))
         groups: dict[str, list[int]] = {}  # in the order of each group's first row
-        for seq, rid, group in keys:
+        for seq, rid, group in _keys(store, selection):
             digest.update(rid.encode() + b"\n")
             groups.setdefault(group, []).append(seq)
         selection.ids_sha256 = digest.hexdigest()
@@ -192,22 +150,15 @@ def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator
                 yield ("seqs", batch)
                 batch = []
         return
-    last, lo, hi, n, prev_group = 0, None, 0, 0, None
-    while True:
-        with store.engine.connect() as conn:
-            page = conn.execute(selection.scope.where(select(c.seq, c.id, c.group_id))
-                                .where(c.seq > last).order_by(c.seq).limit(_PAGE)).all()
-        for seq, rid, group in page:
-            digest.update(rid.encode() + b"\n")
-            if n >= chunk_size and group != prev_group:
-                yield ("range", lo, hi)
-                lo, n = None, 0
-            if lo is None:
-                lo = seq
-            hi, n, prev_group = seq, n + 1, group
-        if len(page) < _PAGE:
-            break
-        last = page[-1][0]
+    lo, hi, n, prev_group = None, 0, 0, None
+    for seq, rid, group in _keys(store, selection):
+        digest.update(rid.encode() + b"\n")
+        if n >= chunk_size and group != prev_group:
+            yield ("range", lo, hi)
+            lo, n = None, 0
+        if lo is None:
+            lo = seq
+        hi, n, prev_group = seq, n + 1, group
     selection.ids_sha256 = digest.hexdigest()
     if n:
         yield ("range", lo, hi)
@@ -216,24 +167,9 @@ def plan_chunks(store: Store, selection: Selection, chunk_size: int) -> Iterator
 def ids_sha256(store: Store, selection: Selection) -> str:
     """sha256 of the selected ids in store order, one per line (what plan_chunks computes)."""
     digest = hashlib.sha256()
-    c = RolloutRow.__table__.c
-    if selection.scope is None:
-        with store.engine.connect() as conn:
-            keys = sorted(tuple(r) for i in range(0, len(selection.selector.ids), _IN)
-                          for r in conn.execute(select(c.seq, c.id).where(c.id.in_(selection.selector.ids[i:i + _IN]))))
-        for _, rid in keys:
-            digest.update(rid.encode() + b"\n")
-        return digest.hexdigest()
-    last = 0
-    while True:
-        with store.engine.connect() as conn:
-            page = conn.execute(selection.scope.where(select(c.seq, c.id)).where(c.seq > last)
-                                .order_by(c.seq).limit(_PAGE)).all()
-        for _, rid in page:
-            digest.update(rid.encode() + b"\n")
-        if len(page) < _PAGE:
-            return digest.hexdigest()
-        last = page[-1][0]
+    for _, rid, _ in _keys(store, selection):
+        digest.update(rid.encode() + b"\n")
+    return digest.hexdigest()
 
 
 def history(store: Store, selector: Selector) -> tuple | None:
@@ -252,4 +188,4 @@ def history(store: Store, selector: Selector) -> tuple | None:
                  if s.meta.get("split") != "heldout")
 
 
-__all__ = ["IN_BATCH", "Scope", "Selection", "Selector", "history", "ids_sha256", "plan_chunks", "resolve"]
+__all__ = ["Selection", "Selector", "history", "ids_sha256", "plan_chunks", "resolve"]

@@ -11,7 +11,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console, Group
-from sqlalchemy.exc import DBAPIError
 from rich.panel import Panel
 from rich.progress import Progress
 from rich.table import Table
@@ -19,7 +18,7 @@ from rich.text import Text
 
 from evotrainer.api import OUTCOME_KINDS
 from evotrainer.report.rollout_pages import looks_like_patch, per_test
-from evotrainer.store import ImportErrors, Store, StoredRollout, export_jsonl, import_jsonl
+from evotrainer.store import ImportErrors, ImportRefused, Store, StoredRollout, export_jsonl, import_jsonl
 from evotrainer.store.jsonl import to_export_dict
 from evotrainer.console import make_console
 
@@ -247,10 +246,8 @@ def import_(
                 err.print(Text.assemble((f"{where}:{line}: ", "bold red"), message), soft_wrap=True)
             raise _fail(f"{len(exc.errors)} bad line(s), nothing imported "
                         "(--skip-bad imports the valid lines)") from None
-        except DBAPIError as exc:  # the transaction rolled back; say why without its SQL or values
-            lines = str(exc.orig).strip().splitlines() or [""]
-            raise _fail(f"the store refused the import, nothing imported: {type(exc.orig).__name__}: "
-                        f"{lines[0][:200]}") from None
+        except ImportRefused as exc:  # the transaction rolled back; say why without its SQL or values
+            raise _fail(f"the store refused the import, nothing imported: {exc.kind}: {exc.message[:200]}") from None
     for line, message in summary.skipped:
         err.print(Text.assemble((f"{where}:{line}: ", "yellow"), message, " (skipped)"), soft_wrap=True)
     skipped = f", skipped {len(summary.skipped)} bad line(s)" if summary.skipped else ""

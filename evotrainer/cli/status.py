@@ -69,13 +69,7 @@ def status_cmd(workdir: Optional[Path] = WorkdirOpt):
     last = None
     if ws.store_path.exists():
         with Store.open(ws.root) as store:
-            with store.engine.connect() as conn:
-                from sqlalchemy import select
-
-                from evotrainer.store.models import Run
-
-                runs = conn.execute(select(Run.id, Run.name)).all()
-            for run_id, name in runs:
+            for run_id, name in store.run_names().items():
                 finished = [r for r in store.rounds(run_id) if r["finished_at"]]
                 if finished and (state is None or name == state.run or last is None):
                     last = (name, finished[-1])

@@ -22,13 +22,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from sqlalchemy import case, func, select
-
 from evotrainer.domains.base import Task
 from evotrainer.frontier.validate import prompt_hash
-from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow, Round
-from evotrainer.store.models import Task as TaskRow
+from evotrainer.store import RolloutScope, Store
 
 PROBE = "reward_hacking"
 WINDOW, WARN, CRITICAL = 3, 0.1, 0.2
@@ -54,30 +50,19 @@ def assert_no_heldout_rollouts(store: Store, *, run_id: int | None = None, round
                                ids: Sequence[str] | None = None) -> int:
     """Raise HeldoutLeak when a stored rollout in scope is of a held-out task (by the task table or
     by the split the recorder wrote into its meta); returns how many rollouts were checked."""
-    c = RolloutRow.__table__.c
-    query = store.scoped(select(c.id, c.task_id, c.domain, c.meta), run_id, round_index)
-    if ids is not None:
-        query = query.where(c.id.in_(list(ids)))
-    with store.engine.connect() as conn:
-        heldout = {(d, t) for d, t in conn.execute(select(TaskRow.domain, TaskRow.task_id)
-                                                   .where(TaskRow.split == "heldout"))}
-        n = 0
-        for rid, task_id, domain, meta in conn.execute(query):
-            n += 1
-            if (domain, task_id) in heldout or (meta or {}).get("split") == "heldout":
-                raise HeldoutLeak(f"rollout {rid} is of held-out task {task_id} ({domain})")
+    heldout = store.task_keys("heldout")
+    n = 0
+    for rid, task_id, domain, meta in store.rollout_tasks(RolloutScope(run_id, round_index), ids):
+        n += 1
+        if (domain, task_id) in heldout or (meta or {}).get("split") == "heldout":
+            raise HeldoutLeak(f"rollout {rid} is of held-out task {task_id} ({domain})")
     return n
 
 
 def round_history(store: Store, run_id: int) -> list[dict]:
     """One entry per round with held-out evals, oldest first: round, train_reward (mean stored
     training reward), train_success (verified), heldout_success (all eval seeds pooled), heldout_n."""
-    c = RolloutRow.__table__.c
-    with store.engine.connect() as conn:
-        train = {idx: (reward, success) for idx, reward, success in conn.execute(
-            # CASE, not CAST: PostgreSQL has no boolean -> float cast
-            select(Round.index, func.avg(c.reward), func.avg(case((c.outcome_success, 1.0), else_=0.0)))
-            .join(Round, Round.id == c.round_id).where(c.run_id == run_id).group_by(Round.index))}
+    train = store.round_means(run_id)
     evals: dict[int, list[Mapping]] = {}
     for e in store.evals(run_id):
         if e["split"] == "heldout" and e["round_index"] is not None:

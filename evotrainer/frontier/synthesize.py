@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from sqlalchemy import select
-
 from evotrainer.api import TaskStats
 from evotrainer.domains.base import Task
 from evotrainer.frontier.validate import Deduper, check_task
 from evotrainer.frontier.variants import NoVariant, variant
 from evotrainer.memory.strata import evidence
 from evotrainer.store import Store
-from evotrainer.store.models import Task as TaskRow
 
 ORIGIN = "frontier"
 
@@ -67,9 +64,8 @@ def in_band(stats: Sequence[TaskStats], band: tuple[float, float], min_attempts:
 
 def stored_tasks(store: Store, domain: str) -> list[Task]:
     """Every task of the domain in the store's task table (both splits)."""
-    with store.engine.connect() as conn:
-        rows = conn.execute(select(TaskRow).where(TaskRow.domain == domain)).all()
-    return [Task(r.task_id, domain, r.split, r.level, r.prompt, r.answer, r.meta or {}) for r in rows]
+    return [Task(t["task_id"], domain, t["split"], t["level"], t["prompt"], t["answer"], t["meta"])
+            for t in store.tasks(domain)]
 
 
 def synthesize_frontier(store: Store, domain: str, *, band: tuple[float, float] = (0.2, 0.8), n: int = 20,

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sqlalchemy import select
-
 from evotrainer.backtest.metrics import judge_agreement
 from evotrainer.judge.records import JudgeRecords
 from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow
-
-_IN = 500
 
 
 def selection_ids(store: Store, selection: Any) -> list[str]:
     """The rollout ids of a resolved backtest selection (evotrainer.backtest.engine.Selection)."""
     if selection.scope is None:
         return list(selection.selector.ids or ())
-    c = RolloutRow.__table__.c
-    with store.engine.connect() as conn:
-        return list(conn.scalars(selection.scope.where(select(c.id)).order_by(c.seq)))
+    return [rid for _, rid, _ in store.rollout_keys(selection.scope)]
 
 
 def agreement(store: Store, rollout_ids: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -37,11 +30,7 @@ def agreement(store: Store, rollout_ids: Iterable[str] | None = None) -> dict[st
     if not latest:
         return {}
     ids = sorted({rid for _, rid in latest})
-    c = RolloutRow.__table__.c
-    verified: dict[str, bool] = {}
-    with store.engine.connect() as conn:
-        for i in range(0, len(ids), _IN):
-            verified.update(conn.execute(select(c.id, c.outcome_success).where(c.id.in_(ids[i:i + _IN]))).all())
+    verified = store.verified_success(ids)
     human = records.human_labels(ids)
     votes = []
     for (judge, rid), v in latest.items():

@@ -9,14 +9,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, select
-
 from evotrainer.backtest.metrics import COUNTS, LOWER_IS_BETTER, METRICS
 from evotrainer.backtest.report import helps
 from evotrainer.coevolve.state import RunState
 from evotrainer.harness.repo import MAIN, HarnessRepo, HarnessRepoError
 from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow, Round, Run
 from evotrainer.workspace import Workspace
 
 EPS = 1e-9
@@ -36,19 +33,13 @@ def round_health(store: Store) -> dict[int, dict[str, float]]:
     Computed from the stored training rewards and advantages (what the trainer saw), by group, in
     one aggregate query, so it costs the same whatever the rollouts' text sizes are.
     """
-    c = RolloutRow.__table__.c
-    live = case(((c.kept.is_(True)) & (func.abs(func.coalesce(c.advantage, 0.0)) > EPS), 1), else_=0)
-    query = (select(c.round_id, c.group_id, func.min(c.reward), func.max(c.reward), func.count(),
-                    func.sum(live))
-             .where(c.round_id.is_not(None)).group_by(c.round_id, c.group_id))
     out: dict[int, list[int]] = {}
-    with store.engine.connect() as conn:
-        for round_id, _, lo, hi, n, live in conn.execute(query):
-            acc = out.setdefault(round_id, [0, 0, 0, 0])  # groups, dead groups, rollouts, effective
-            acc[0] += 1
-            acc[1] += int(lo is None or hi is None or hi - lo <= EPS)
-            acc[2] += n
-            acc[3] += int(live or 0)
+    for round_id, _, lo, hi, n, live in store.group_reward_stats(EPS):
+        acc = out.setdefault(round_id, [0, 0, 0, 0])  # groups, dead groups, rollouts, effective
+        acc[0] += 1
+        acc[1] += int(lo is None or hi is None or hi - lo <= EPS)
+        acc[2] += n
+        acc[3] += live
     return {rid: {"dead_group_ratio": a[1] / a[0] if a[0] else None,
                   "effective_data_ratio": a[3] / a[2] if a[2] else None, "n_rollouts": a[2]}
             for rid, a in out.items()}
@@ -58,19 +49,15 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
     """One row per (run, round): metrics, health, the live harness commit and loop events."""
     health = round_health(store)
     history = {h["round"]: h for h in (state.history if state else [])}
-    with store.engine.connect() as conn:
-        runs = {rid: name for rid, name in conn.execute(select(Run.id, Run.name))}
-        rows = conn.execute(select(Round.id, Round.run_id, Round.index, Round.harness_version,
-                                   Round.model_version, Round.metrics, Round.finished_at)
-                            .order_by(Round.run_id, Round.index)).all()
+    runs = store.run_names()
     out = []
-    for rid, run_id, index, harness, model, metrics, finished in rows:
-        metrics = metrics or {}
-        h = health.get(rid, {})
-        hist = history.get(index) if state and runs.get(run_id) == state.run else None
+    for r in store.all_rounds():
+        metrics, h = r["metrics"] or {}, health.get(r["id"], {})
+        hist = history.get(r["index"]) if state and runs.get(r["run_id"]) == state.run else None
         out.append({
-            "id": rid, "run": runs.get(run_id, "?"), "index": index, "harness": harness or "",
-            "model": model or "", "finished": finished is not None,
+            "id": r["id"], "run": runs.get(r["run_id"], "?"), "index": r["index"],
+            "harness": r["harness_version"] or "", "model": r["model_version"] or "",
+            "finished": r["finished_at"] is not None,
             "heldout_success": metrics.get("heldout_success"), "train_reward": metrics.get("train_reward"),
             "train_success": metrics.get("train_success"), "step_time": metrics.get("step_time"),
             "dead_group_ratio": h.get("dead_group_ratio"), "effective_data_ratio": h.get("effective_data_ratio"),
@@ -84,9 +71,7 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
 def base_success(store: Store) -> dict[str, float]:
     """Held-out success of the base model per run (evals without an adapter)."""
     out: dict[str, list[float]] = {}
-    with store.engine.connect() as conn:
-        runs = {rid: name for rid, name in conn.execute(select(Run.id, Run.name))}
-    for run_id, name in runs.items():
+    for run_id, name in store.run_names().items():
         for e in store.evals(run_id):
             if e["split"] == "heldout" and not e["adapter"] and e["round_index"] is None:
                 out.setdefault(name, []).append(e["success_rate"])

@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from markupsafe import Markup, escape
-from sqlalchemy import func, select
 
 from evotrainer.store import Store
-from evotrainer.store.models import RolloutRow, Round, Run
 
 DETAIL_PAGE = 100
 LIST_PAGE = 500
@@ -97,14 +95,9 @@ def page_path(scope: str, facet: str, page: int) -> str:
 
 
 def scopes(store: Store) -> list[Scope]:
-    c = RolloutRow.__table__.c
-    with store.engine.connect() as conn:
-        labels = {rid: f"{run} · round {idx}" for rid, idx, run in conn.execute(
-            select(Round.id, Round.index, Run.name).join(Run, Run.id == Round.run_id))}
-        rows = conn.execute(select(c.round_id, c.outcome_kind, c.kept, func.count())
-                            .group_by(c.round_id, c.outcome_kind, c.kept)).all()
+    labels = {rid: f"{run} · round {idx}" for rid, (run, idx) in store.round_labels().items()}
     out: dict[str, Scope] = {}
-    for round_id, kind, kept, n in rows:
+    for round_id, kind, kept, n in store.outcome_counts():
         key = scope_key(round_id)
         scope = out.setdefault(key, Scope(key, labels.get(round_id, "no round (imported)"), round_id))
         scope.counts[(kind, kept_label(kept))] = scope.counts.get((kind, kept_label(kept)), 0) + n
@@ -113,19 +106,7 @@ def scopes(store: Store) -> list[Scope]:
 
 def round_rows(store: Store, round_id: int | None) -> Iterator[dict[str, Any]]:
     """One round's rows in store order, by keyset pages of FETCH (nothing held past a page)."""
-    c = RolloutRow.__table__.c
-    cols = [c[name] for name in _COLUMNS]
-    last = -1
-    while True:
-        query = select(*cols).where(c.seq > last)
-        query = query.where(c.round_id.is_(None) if round_id is None else c.round_id == round_id)
-        with store.engine.connect() as conn:
-            page = conn.execute(query.order_by(c.seq).limit(FETCH)).all()
-        for row in page:
-            yield row._asdict()
-        if len(page) < FETCH:
-            return
-        last = page[-1].seq
+    return store.round_rows(round_id, _COLUMNS, page=FETCH)
 
 
 # ---------------------------------------------------------------- row HTML (formatted, not templated)

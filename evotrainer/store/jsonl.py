@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TextIO
 
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from evotrainer.api import rollout_from_dict, rollout_to_dict
 from evotrainer.store import line_checks
@@ -35,6 +35,18 @@ class ImportErrors(Exception):
     def __init__(self, errors: list[tuple[int, str]]):
         self.errors = errors
         super().__init__(f"{len(errors)} bad line(s); first: line {errors[0][0]}: {errors[0][1]}")
+
+
+class ImportRefused(Exception):
+    """The database refused the import; its transaction rolled back, so nothing was stored.
+
+    `kind` and `message` are the driver's error class and the first line of its message: never
+    the SQL or the values, which hold what the file holds."""
+
+    def __init__(self, error: DBAPIError):
+        self.kind = type(error.orig).__name__
+        self.message = (str(error.orig).strip().splitlines() or [""])[0]
+        super().__init__(f"{self.kind}: {self.message}")
 
 
 def to_export_dict(sr: StoredRollout) -> dict[str, Any]:
@@ -142,10 +154,13 @@ def import_jsonl(store: Store, source: Path | str | TextIO | BinaryIO, *, skip_b
     is stored. Messages name the line and field, never what the file holds (line_checks).
     Another import that stores the same ids first (two imports of one file at once) makes
     those lines "already in the store": this one stores nothing (or, with `skip_bad`, the rest).
+    Any other refusal of the database raises ImportRefused, with nothing stored.
     """
     stream, owned = _binary(source)
     try:
         return _import(store, stream, skip_bad)
+    except DBAPIError as exc:
+        raise ImportRefused(exc) from exc
     finally:
         if owned:
             stream.close()

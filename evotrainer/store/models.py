@@ -109,6 +109,9 @@ class RolloutRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+ROLLOUT_ID_CHARS: int = RolloutRow.__table__.c.id.type.length  # the longest rollout id the store holds
+
+
 class Counter(Base):
     """Named counters that several writers draw from, one locked row each (see Store.add_rollouts)."""
 
@@ -225,4 +228,5 @@ class LessonEmbedding(Base):
 
 __all__ = ["Base", "Run", "Round", "Task", "RolloutRow", "Eval", "Backtest", "JudgeVerdictRow", "JudgeReview",
            "utcnow"]
+__all__ += ["ROLLOUT_ID_CHARS"]
 __all__ += ["Lesson", "LessonEmbedding"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -14,12 +13,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.store.lessons import LessonRows
 from evotrainer.store.models import Backtest, Base, Counter, Eval, RolloutRow, Round, Run, Task, utcnow
-from evotrainer.store.models import Lesson, LessonEmbedding
 from evotrainer.sandbox.protected import protect
+from evotrainer.store.replay import ReplayReads
+from evotrainer.store.sql import IN_CHUNK, RolloutScope, by_id_or_prefix, chunks
+from evotrainer.store.views import ViewReads
 
-# Bound-parameter lists stay well under every backend's limit (SQLite's is 32766, old ones 999).
-_IN_CHUNK = 500
 ROLLOUT_SEQ = "rollout_seq"  # the Counter row that rollout seqs are drawn from
 ABANDONED_SUFFIX = "~abandoned"  # the sibling run that holds the rows of crashed round attempts
 _SCHEMA_LOCK = 0x65766F74  # PostgreSQL advisory-lock key of schema creation ("evot")
@@ -40,12 +40,6 @@ class StoredRollout:
     run_id: int | None = None
     round_id: int | None = None
     step: int | None = None
-
-
-def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    it = iter(items)
-    while chunk := list(islice(it, size)):
-        yield chunk
 
 
 def _setup_sqlite(engine: Engine) -> None:
@@ -118,19 +112,13 @@ def _from_row(row: RolloutRow) -> StoredRollout:
     )
 
 
-def _by_id_or_prefix(s: Session, model: type, key: str, what: str) -> Any:
-    """The row with this id, else the one whose id starts with it; ValueError if several do."""
-    row = s.get(model, key)
-    if row is None:
-        rows = s.scalars(select(model).where(model.id.startswith(key, autoescape=True)).limit(2)).all()
-        if len(rows) > 1:
-            raise ValueError(f"{what} id prefix {key!r} is ambiguous")
-        row = rows[0] if rows else None
-    return row
+class Store(LessonRows, ReplayReads, ViewReads):
+    """All persistence of evotrainer. Each call opens and closes its own short session.
 
-
-class Store:
-    """All persistence of evotrainer. Each call opens and closes its own short session."""
+    No SQL is built outside evotrainer/store: each read a stage needs is a named method here,
+    in replay.py (the backtest's bulk reads), views.py (report, status and guard aggregates) or
+    lessons.py; the judge's tables are in judge.py.
+    """
 
     def __init__(self, url: str):
         self.url = url
@@ -295,21 +283,28 @@ class Store:
             return (row.index, row.adapter_path) if row else None
 
     def rounds(self, run_id: int) -> list[dict[str, Any]]:
+        """A run's rounds, by index."""
+        return self._rounds(select(Round).where(Round.run_id == run_id).order_by(Round.index))
+
+    def all_rounds(self) -> list[dict[str, Any]]:
+        """Every run's rounds, by run id then index."""
+        return self._rounds(select(Round).order_by(Round.run_id, Round.index))
+
+    def _rounds(self, query: Select) -> list[dict[str, Any]]:
         with self._session() as s:
-            rows = s.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.index))
             return [
-                {"id": r.id, "index": r.index, "harness_version": r.harness_version,
+                {"id": r.id, "run_id": r.run_id, "index": r.index, "harness_version": r.harness_version,
                  "model_version": r.model_version, "started_at": r.started_at.isoformat(),
                  "finished_at": r.finished_at.isoformat() if r.finished_at else None,
                  "metrics": r.metrics, "adapter_path": r.adapter_path}
-                for r in rows
+                for r in s.scalars(query)
             ]
 
     # -- tasks ------------------------------------------------------------------------------
 
     def upsert_tasks(self, domain: str, tasks: Iterable[dict]) -> None:
         with self._session.begin() as s:
-            for chunk in _chunks(tasks, _IN_CHUNK):
+            for chunk in chunks(tasks):
                 by_id = {t["task_id"]: t for t in chunk}  # a later duplicate wins
                 existing = {
                     t.task_id: t for t in s.scalars(
@@ -322,6 +317,13 @@ class Store:
                     row.meta = dict(t.get("meta") or {})
                     if task_id not in existing:
                         s.add(row)
+
+    def tasks(self, domain: str) -> list[dict[str, Any]]:
+        """Every stored task of the domain (both splits), by task id, as upsert_tasks takes them."""
+        query = select(Task).where(Task.domain == domain).order_by(Task.task_id)
+        with self._session() as s:
+            return [{"task_id": t.task_id, "split": t.split, "level": t.level, "prompt": t.prompt,
+                     "answer": t.answer, "meta": t.meta or {}} for t in s.scalars(query)]
 
     def task_stats(self, domain: str, run_id: int | None = None, before_round: int | None = None) -> list[TaskStats]:
         """Attempts and verified successes per task, for every task stored or attempted; with
@@ -353,7 +355,7 @@ class Store:
     def round_counts(self, run_id: int, round_index: int, domain: str | None = None) -> dict[str, tuple[int, int]]:
         """{task_id: (attempts, verified successes)} over one round's rollouts of a run."""
         successes = func.sum(case((RolloutRow.outcome_success, 1), else_=0))
-        query = self.scoped(select(RolloutRow.task_id, func.count(), successes), run_id, round_index, domain)
+        query = RolloutScope(run_id, round_index, domain).where(select(RolloutRow.task_id, func.count(), successes))
         with self._session() as s:
             return {tid: (n, int(k or 0)) for tid, n, k in s.execute(query.group_by(RolloutRow.task_id))}
 
@@ -366,7 +368,7 @@ class Store:
         """
         n = 0
         with self._session.begin() as s:
-            for batch in _chunks(rows, batch_size):
+            for batch in chunks(rows, batch_size):
                 objs = [_to_row(sr) for sr in batch]
                 first = _draw_seqs(s, len(objs))
                 for offset, row in enumerate(objs):
@@ -380,13 +382,13 @@ class Store:
     def get_rollout(self, rollout_id: str) -> StoredRollout | None:
         """The rollout with this id, or with this unique id prefix; ValueError if ambiguous."""
         with self._session() as s:
-            row = _by_id_or_prefix(s, RolloutRow, rollout_id, "rollout")
+            row = by_id_or_prefix(s, RolloutRow, rollout_id, "rollout")
             return _from_row(row) if row else None
 
     def existing_ids(self, ids: Iterable[str]) -> set[str]:
         found: set[str] = set()
         with self._session() as s:
-            for chunk in _chunks(ids, _IN_CHUNK):
+            for chunk in chunks(ids):
                 found.update(s.scalars(select(RolloutRow.id).where(RolloutRow.id.in_(chunk))))
         return found
 
@@ -399,8 +401,9 @@ class Store:
         Pages by keyset on `seq` (not OFFSET), so memory stays at one page and late pages cost
         the same as early ones. With `ids`, their seqs are looked up first in bounded IN chunks.
         """
-        base = self.scoped(select(RolloutRow), run_id, round_index, domain, kind)
-        seq_pages = (self._seq_pages(ids, run_id, round_index, domain, kind, chunk_size)
+        scope = RolloutScope(run_id, round_index, domain, kind)
+        base = scope.where(select(RolloutRow))
+        seq_pages = (self._seq_pages(ids, scope, chunk_size)
                      if ids is not None else None)
         remaining, last = limit, 0
         while remaining is None or remaining > 0:
@@ -425,39 +428,25 @@ class Store:
     def count_rollouts(self, *, run_id: int | None = None, round_index: int | None = None,
                        domain: str | None = None, ids: Iterable[str] | None = None,
                        kind: str | None = None) -> int:
-        query = self.scoped(select(func.count()).select_from(RolloutRow),
-                               run_id, round_index, domain, kind)
+        return self.count_in(RolloutScope(run_id, round_index, domain, kind), ids)
+
+    def count_in(self, scope: RolloutScope, ids: Iterable[str] | None = None) -> int:
+        """Rollouts in the scope (and, with `ids`, among those ids)."""
+        query = scope.where(select(func.count()).select_from(RolloutRow))
         with self._session() as s:
             if ids is None:
                 return s.scalar(query) or 0
             return sum(s.scalar(query.where(RolloutRow.id.in_(chunk))) or 0
-                       for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK))
+                       for chunk in chunks(dict.fromkeys(ids)))
 
-    def scoped(self, query: Select, run_id: int | None = None, round_index: int | None = None,
-               domain: str | None = None, kind: str | None = None) -> Select:
-        """`query` over rollouts narrowed to a run, a round index, a domain and an outcome kind."""
-        if run_id is not None:
-            query = query.where(RolloutRow.run_id == run_id)
-        if round_index is not None:
-            rounds = select(Round.id).where(Round.index == round_index)
-            if run_id is not None:
-                rounds = rounds.where(Round.run_id == run_id)
-            query = query.where(RolloutRow.round_id.in_(rounds))
-        if domain is not None:
-            query = query.where(RolloutRow.domain == domain)
-        if kind is not None:
-            query = query.where(RolloutRow.outcome_kind == kind)
-        return query
-
-    def _seq_pages(self, ids: Iterable[str], run_id: int | None, round_index: int | None,
-                   domain: str | None, kind: str | None, chunk_size: int) -> Iterator[list[int]]:
+    def _seq_pages(self, ids: Iterable[str], scope: RolloutScope, chunk_size: int) -> Iterator[list[int]]:
         seqs: list[int] = []
-        query = self.scoped(select(RolloutRow.seq), run_id, round_index, domain, kind)
+        query = scope.where(select(RolloutRow.seq))
         with self._session() as s:
-            for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK):
+            for chunk in chunks(dict.fromkeys(ids)):
                 seqs.extend(s.scalars(query.where(RolloutRow.id.in_(chunk))))
         seqs.sort()
-        yield from _chunks(seqs, min(chunk_size, _IN_CHUNK))
+        yield from chunks(seqs, min(chunk_size, IN_CHUNK))
 
     # -- evals ------------------------------------------------------------------------------
 
@@ -505,70 +494,8 @@ class Store:
     def get_backtest(self, backtest_id: str) -> dict[str, Any] | None:
         """The full report of a backtest, by id or unique id prefix; ValueError if ambiguous."""
         with self._session() as s:
-            row = _by_id_or_prefix(s, Backtest, backtest_id, "backtest")
+            row = by_id_or_prefix(s, Backtest, backtest_id, "backtest")
             return dict(row.report) if row else None
-
-    # -- experience pool (evotrainer/experience) ---------------------------------------------
-
-    def add_lessons(self, lessons: Iterable[dict]) -> tuple[int, int]:
-        """Upsert lessons by id; returns (added, updated). A lesson distilled again keeps the
-        larger support, and its evidence grows up to _LESSON_EVIDENCE rollout ids."""
-        added = updated = 0
-        with self._session.begin() as s:
-            for chunk in _chunks(lessons, _IN_CHUNK):
-                by_id = {item["id"]: item for item in chunk}
-                existing = {row.id: row for row in s.scalars(select(Lesson).where(Lesson.id.in_(list(by_id))))}
-                for lesson_id, item in by_id.items():
-                    evidence = [str(e) for e in item.get("evidence") or ()]
-                    row = existing.get(lesson_id)
-                    if row is None:
-                        s.add(Lesson(id=lesson_id, domain=item["domain"], text=item["text"],
-                                     source=item["source"], kind=item.get("kind") or "",
-                                     support=int(item.get("support") or 0),
-                                     evidence=evidence[:_LESSON_EVIDENCE], meta=dict(item.get("meta") or {})))
-                        added += 1
-                        continue
-                    row.support = max(row.support, int(item.get("support") or 0))
-                    row.evidence = list(dict.fromkeys([*(row.evidence or ()), *evidence]))[:_LESSON_EVIDENCE]
-                    row.meta = {**(row.meta or {}), **(item.get("meta") or {})}
-                    row.updated_at = utcnow()
-                    updated += 1
-        return added, updated
-
-    def lessons(self, domain: str | None = None, source: str | None = None,
-                limit: int | None = None) -> list[dict[str, Any]]:
-        """Lessons, best supported first."""
-        query = select(Lesson).order_by(Lesson.support.desc(), Lesson.id)
-        if domain is not None:
-            query = query.where(Lesson.domain == domain)
-        if source is not None:
-            query = query.where(Lesson.source == source)
-        if limit is not None:
-            query = query.limit(limit)
-        with self._session() as s:
-            return [_lesson_dict(row) for row in s.scalars(query)]
-
-    def get_lesson(self, lesson_id: str) -> dict[str, Any] | None:
-        """The lesson with this id or unique id prefix; ValueError if ambiguous."""
-        with self._session() as s:
-            row = _by_id_or_prefix(s, Lesson, lesson_id, "lesson")
-            return _lesson_dict(row) if row else None
-
-    def lesson_vectors(self, model: str, ids: Iterable[str]) -> dict[str, bytes]:
-        """Cached embeddings (float32 bytes) of these lessons under `model`; missing ones are absent."""
-        found: dict[str, bytes] = {}
-        with self._session() as s:
-            for chunk in _chunks(dict.fromkeys(ids), _IN_CHUNK):
-                query = select(LessonEmbedding.lesson_id, LessonEmbedding.vector).where(
-                    LessonEmbedding.model == model, LessonEmbedding.lesson_id.in_(chunk))
-                found.update((lid, bytes(vec)) for lid, vec in s.execute(query))
-        return found
-
-    def put_lesson_vectors(self, model: str, dim: int, vectors: dict[str, bytes]) -> None:
-        """Cache lesson embeddings under `model` (a vector already cached is replaced)."""
-        with self._session.begin() as s:
-            for lesson_id, vector in vectors.items():
-                s.merge(LessonEmbedding(lesson_id=lesson_id, model=model, dim=dim, vector=vector))
 
     @staticmethod
     def _get(s: Session, model: type, pk: int) -> Any:
@@ -576,13 +503,3 @@ class Store:
         if obj is None:
             raise KeyError(f"no {model.__tablename__} row with id {pk}")
         return obj
-
-
-# Rollout ids kept as a lesson's evidence: enough to show and audit it, not every failure.
-_LESSON_EVIDENCE = 50
-
-
-def _lesson_dict(row: Lesson) -> dict[str, Any]:
-    return {"id": row.id, "domain": row.domain, "text": row.text, "source": row.source, "kind": row.kind,
-            "support": row.support, "evidence": list(row.evidence or ()), "meta": dict(row.meta or {}),
-            "created_at": row.created_at.isoformat(), "updated_at": row.updated_at.isoformat()}
