@@ -130,7 +130,7 @@ def distill_cmd(
     """Distill lessons from stored rollouts into the pool (held-out rollouts are never read).
     A lesson distilled again updates its row instead of adding a copy."""
     from evotrainer.experience.distill import distill_store, get_distiller
-    from evotrainer.experience.llm import DistillEndpointError
+    from evotrainer.chat import EndpointError
 
     options = ({"min_support": min_support} if agent is Source.rules
                else {"model": model, "base_url": base_url, "max_calls": max_calls})
@@ -158,7 +158,7 @@ def distill_cmd(
             try:
                 summaries = distill_store(store, distiller, domain=domain, run_id=run_id, round_index=round_,
                                           limit=limit, on_rollout=lambda: progress.advance(reading))
-            except DistillEndpointError as exc:
+            except EndpointError as exc:
                 raise _fail(str(exc), 1)
     out = make_console()
     for s in summaries:

@@ -56,7 +56,8 @@ def judge_cmd(
     `meta["judge"]` for harness rewards; verdicts are cached by (judge model, prompt hash, rollout
     id), so a second run asks nothing it asked before."""
     from evotrainer.config import ConfigError, load_config
-    from evotrainer.judge import JudgeEndpointError, JudgePanel, JudgeRecords, StepJudge, make_backend
+    from evotrainer.chat import EndpointError
+    from evotrainer.judge import JudgePanel, JudgeRecords, StepJudge, make_backend
 
     try:
         cfg = load_config(config, overrides or []).judge
@@ -96,7 +97,7 @@ def judge_cmd(
                     if step_judge is not None and any(t.role == "assistant" for t in sr.rollout.turns):
                         stepped += step_judge(sr.rollout) is not None
                     progress.advance(task)
-            except JudgeEndpointError as exc:
+            except EndpointError as exc:
                 raise _fail(str(exc))
         pending = len(records.reviews("pending"))
     counts = {"rollouts": sum(labels.values()), **{k: labels.get(k, 0) for k in ("success", "failure", "disputed",

@@ -25,6 +25,7 @@ from typing import Iterable, Mapping, Sequence
 from sqlalchemy import case, func, select
 
 from evotrainer.domains.base import Task
+from evotrainer.errors import EvotrainerError
 from evotrainer.frontier.validate import prompt_hash
 from evotrainer.store import Store
 from evotrainer.store.models import RolloutRow, Round
@@ -34,7 +35,7 @@ PROBE = "reward_hacking"
 WINDOW, WARN, CRITICAL = 3, 0.1, 0.2
 
 
-class HeldoutLeak(AssertionError):
+class HeldoutLeak(EvotrainerError, AssertionError):
     """A held-out task reached training or the gate."""
 
 

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TextIO
 from sqlalchemy.exc import IntegrityError
 
 from evotrainer.api import rollout_from_dict, rollout_to_dict
+from evotrainer.errors import UserError
 from evotrainer.store import line_checks
 from evotrainer.store.store import Store, StoredRollout
 
@@ -29,7 +30,7 @@ class ImportSummary:
     skipped: list[tuple[int, str]]
 
 
-class ImportErrors(Exception):
+class ImportErrors(UserError):
     """A JSONL file had bad lines and nothing was stored; `errors` holds (line, message)."""
 
     def __init__(self, errors: list[tuple[int, str]]):
