@@ -148,7 +148,7 @@ def test_fetch_cli(pack, tmp_path):
     assert missing.exit_code == 0  # already fetched: the archive is not needed
     _repin(folder, content_hash="0" * 12)
     failed = runner.invoke(app, ["fetch", "--pack", str(folder), "--sdist-dir", str(empty)])
-    assert failed.exit_code == 1 and "not found" in failed.output, failed.output
+    assert failed.exit_code == 2 and "not found" in failed.output, failed.output
 
 
 @pytest.mark.slow
