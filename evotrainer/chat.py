@@ -1,5 +1,6 @@
 """OpenAI-compatible chat endpoints, shared by the llm agent, the experience distiller and judges:
-the client from config or environment, and the JSON read out of a model's reply."""
+the client from config or environment, the JSON read out of a model's reply, and the two ways a
+call fails (EndpointError, ReplyError)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,18 @@ import os
 import re
 from typing import Any, Sequence
 
+from evotrainer.errors import EvotrainerError, UserError
+
 JSON_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
+
+
+class EndpointError(UserError, RuntimeError):
+    """The endpoint could not be reached or rejected the request (after the SDK's own retries);
+    the message names the caller and the endpoint."""
+
+
+class ReplyError(EvotrainerError, ValueError):
+    """A reply (or a part of it) the caller cannot use; the message goes back to the model."""
 
 
 def first_env(names: Sequence[str | None]) -> str | None:
@@ -64,4 +76,4 @@ def reply_json(text: str, want: type | None = None) -> tuple[Any, str | None]:
     return None, problem
 
 
-__all__ = ["JSON_FENCE", "first_env", "openai_client", "reply_json"]
+__all__ = ["JSON_FENCE", "EndpointError", "ReplyError", "first_env", "openai_client", "reply_json"]

@@ -9,10 +9,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evotrainer.errors import UserError
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be used; the message names the file and the field."""
 
 

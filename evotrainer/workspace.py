@@ -13,6 +13,7 @@ from pathlib import Path
 
 import git
 
+from evotrainer.errors import UserError
 from evotrainer.harness.loader import HARNESS_FILES, read_sources
 from evotrainer.harness.trusted_git import GUARD_FILE, MainGuard, safe_env
 from evotrainer.paths import HARNESSES_DIR
@@ -24,7 +25,7 @@ IDENTITY = ("evotrainer", "evotrainer@localhost")
 DOMAIN_KEY = ("evotrainer", "domain")
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(UserError):
     """A workspace that cannot be made or used; the message names the folder."""
 
 

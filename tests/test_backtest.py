@@ -188,7 +188,7 @@ def test_gate_judges_mean_tokens_relative_to_the_base():
 
 
 def test_replay_reproduces_every_metric_and_the_decision(ws):
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
     report = run(ws, propose(ws, "length-bonus", LENGTH_BONUS))
     with Store.open(ws.root) as store:  # rollouts stored later must not leak into the replay
@@ -200,18 +200,16 @@ def test_replay_reproduces_every_metric_and_the_decision(ws):
     again = replay(ws.root, report["id"], workers=2)
     assert again["reproduced"], again["mismatches"]
     assert again["metrics"]["replayed"] == report["metrics"]
-    _register_subapps()
     result = CliRunner().invoke(app, ["backtests", "replay", report["id"][:12], "--workdir", str(ws.root)])
     assert result.exit_code == 0, result.output
     assert "reproduced" in result.output
 
 
 def test_jsonl_import_into_fresh_workspace_gives_the_same_numbers(ws, tmp_path: Path):
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
     report = run(ws, propose(ws, "partial-credit", PARTIAL_CREDIT))
     dump = tmp_path / "rollouts.jsonl"
-    _register_subapps()
     cli = CliRunner()
     out = cli.invoke(app, ["rollouts", "export", str(dump), "--run", "default", "--round", "0",
                            "--workdir", str(ws.root)])
@@ -308,9 +306,8 @@ def test_scattered_groups_workers_and_chunk_sizes_do_not_change_the_numbers(tmp_
 
 
 def test_cli_backtest_list_and_show(ws):
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
-    _register_subapps()
     branch = propose(ws, "partial-credit", PARTIAL_CREDIT)
     cli = CliRunner()
     result = cli.invoke(app, ["backtest", branch, "--rollouts", "run=default,round=0", "--workdir",
@@ -325,7 +322,7 @@ def test_cli_backtest_list_and_show(ws):
     shown = cli.invoke(app, ["backtests", "show", report["id"], "--workdir", str(ws.root)])
     assert shown.exit_code == 0 and "dead_group_ratio" in shown.output and "REJECT" in shown.output
     bad = cli.invoke(app, ["backtest", branch, "--rollouts", "run=nope", "--workdir", str(ws.root)])
-    assert bad.exit_code == 1 and "no run named" in bad.output
+    assert bad.exit_code == 2 and "no run named" in bad.output
 
 
 def test_gate_config_loads_with_overrides():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evotrainer.cli.main import app, _register_subapps
+from evotrainer.cli.main import app
 from evotrainer.config import ConfigError, load_config
 from evotrainer.paths import CONFIGS_DIR
 
@@ -74,7 +74,6 @@ def test_domain_flag_must_match_file(tmp_path):
 
 
 def test_cli_bad_config_fails_before_work(tmp_path):
-    _register_subapps()
     p = write(tmp_path, "train:\n  stepz: 3\n")
     result = CliRunner().invoke(app, ["train", "--config", str(p), "--workdir", str(tmp_path / "w")])
     assert result.exit_code == 2

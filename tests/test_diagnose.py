@@ -123,9 +123,8 @@ def _jsonl(path: Path, rollouts: list[Rollout]) -> Path:
 
 
 def test_diagnose_cli_on_imported_rollouts(tmp_path: Path) -> None:
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
-    _register_subapps()
     cli = CliRunner()
     work = tmp_path / "work"
     work.mkdir()  # import never creates the workspace folder
@@ -153,17 +152,16 @@ def test_diagnose_cli_on_imported_rollouts(tmp_path: Path) -> None:
     assert data["n_rollouts"] == 40 and len(data["harness_version"]) == 40
     assert (work / "diagnostics" / "x.md").is_file()
     res = cli.invoke(app, ["diagnose", "--workdir", str(work), "--rev", "nope"], env=ENV)
-    assert res.exit_code != 0
+    assert res.exit_code == 2 and "unknown revision 'nope'" in res.stderr
     res = cli.invoke(app, ["diagnose", "--workdir", str(work), "--run", "nope"], env=ENV)
-    assert res.exit_code == 1 and "no run named" in res.stderr
+    assert res.exit_code == 2 and "no run named" in res.stderr
     res = cli.invoke(app, ["diagnose", "--workdir", str(tmp_path / "empty")], env=ENV)
-    assert res.exit_code == 1 and "no store" in res.stderr
+    assert res.exit_code == 2 and "no store" in res.stderr
 
 
 def test_diagnose_cli_selects_run_and_round(tmp_path: Path) -> None:
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
-    _register_subapps()
     work = tmp_path / "w"
     rollouts = batch()
     with Store.open(work) as store:

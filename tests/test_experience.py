@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from evotrainer.api import Outcome, Rollout
+from evotrainer.chat import ReplyError
 from evotrainer.domains import get_domain
 from evotrainer.experience import ExperiencePool, LessonDraft, distill_store, get_distiller
 from evotrainer.experience.embed import get_embedder, to_bytes
 from evotrainer.experience.inject import ExperienceInjector, render_block
-from evotrainer.experience.llm import parse_lessons, ReplyError
+from evotrainer.experience.llm import parse_lessons
 from evotrainer.experience.rules import RULES
 from evotrainer.harness.loader import HarnessError, parse_spec
 from evotrainer.store import Store, StoredRollout

@@ -395,10 +395,8 @@ def test_patch_parser_handles_git_and_sloppy_diffs(tmp_path):
 def test_grade_cli(tmp_path, task):
     from typer.testing import CliRunner
 
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
-    if not any(c.name == "grade" for c in app.registered_commands):
-        _register_subapps()
     preds = tmp_path / "preds.jsonl"
     rows = [{"instance_id": "calc-1", "model_patch": task.patch, "model_name_or_path": "gold"},
             {"instance_id": "calc-1", "model_patch": ""}, {"instance_id": "calc-1", "model_patch": task.patch}]

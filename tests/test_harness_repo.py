@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from evotrainer.api import Outcome, Rollout
 from evotrainer.cli.harness import app as harness_app
 from evotrainer.cli.main import app as main_app
-from evotrainer.cli.main import _register_subapps
 from evotrainer.harness import HARNESS_FILES, HarnessError
 from evotrainer.harness.loader import read_sources
 from evotrainer.harness.repo import HarnessRepo, HarnessRepoError
@@ -358,7 +357,6 @@ def test_log_show_diff_and_candidates(repo):
 
 
 def test_cli_init_log_show_diff(tmp_path):
-    _register_subapps()
     runner = CliRunner()
     work = tmp_path / "work"
     made = runner.invoke(main_app, ["init", "--domain", "math", "--workdir", str(work)])
@@ -388,9 +386,9 @@ def test_cli_init_log_show_diff(tmp_path):
     diff = runner.invoke(harness_app, ["diff", "main~1", "main", "--workdir", str(work)])
     assert diff.exit_code == 0 and "--- a/reward.py" in diff.output
     bad = runner.invoke(harness_app, ["show", "nope", "--workdir", str(work)])
-    assert bad.exit_code == 1 and "unknown revision 'nope'" in bad.output
+    assert bad.exit_code == 2 and "unknown revision 'nope'" in bad.output
     missing = runner.invoke(harness_app, ["log", "--workdir", str(tmp_path / "none")])
-    assert missing.exit_code == 1 and "evotrainer init" in missing.output
+    assert missing.exit_code == 2 and "evotrainer init" in missing.output
 
 
 def test_commits_work_without_a_git_identity(tmp_path, monkeypatch):

@@ -7,9 +7,10 @@ import pytest
 from evotrainer.api import Outcome, Rollout
 from evotrainer.diagnose import health_report
 from evotrainer.harness.loader import Harness, read_sources
+from evotrainer.chat import EndpointError
 from evotrainer.paths import HARNESSES_DIR
 from evotrainer.propose.base import Evidence, Proposal, get_agent
-from evotrainer.propose.llm import LLMAgent, LLMEndpointError
+from evotrainer.propose.llm import LLMAgent
 from llm_server import ChatServer
 
 # The files the tests edit are written here, so a change to the seed harness cannot break them.
@@ -239,6 +240,6 @@ def test_no_model_is_a_config_error(monkeypatch):
 
 def test_an_endpoint_error_is_raised_not_retried(server, agent, sources, evidence):
     server.add({"status": 401, "message": "bad key", "type": "invalid_api_key"})
-    with pytest.raises(LLMEndpointError, match="bad key"):
+    with pytest.raises(EndpointError, match="bad key"):
         agent.propose(evidence, sources, skills=[])
     assert len(server.requests) == 1

@@ -148,7 +148,7 @@ def test_fetch_cli(pack, tmp_path):
     assert missing.exit_code == 0  # already fetched: the archive is not needed
     _repin(folder, content_hash="0" * 12)
     failed = runner.invoke(app, ["fetch", "--pack", str(folder), "--sdist-dir", str(empty)])
-    assert failed.exit_code == 1 and "not found" in failed.output, failed.output
+    assert failed.exit_code == 2 and "not found" in failed.output, failed.output
 
 
 @pytest.mark.slow
@@ -177,3 +177,20 @@ def test_importing_a_pack_file_keeps_the_store_hidden(pack, home, tmp_path):
     import_tasks(folder / "tinylib.jsonl", out)
     [task] = load_tasks(out)
     assert Path(task.repo).is_absolute() and (home / "swe").resolve() in task.hide
+
+
+
+def test_the_grader_imports_nothing_from_tasks():
+    """grade/ reads a pack's pins itself (grade/packs.py): tasks/ builds on the grader, not the
+    reverse, not even inside a function."""
+    import ast
+
+    import evotrainer.grade
+
+    found = []
+    for path in Path(evotrainer.grade.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            found += [f"{path.name}:{node.lineno} {n}" for n in names if n.startswith("evotrainer.tasks")]
+    assert not found, found

@@ -227,9 +227,6 @@ def test_status_and_report_commands(workspace, tmp_path):
 
     from evotrainer.cli import main as cli
 
-    if not any(getattr(c, "name", None) == "report" for c in cli.app.registered_commands):
-        cli._register_subapps()
-
     def run(*args: str):
         res = CliRunner().invoke(cli.app, list(args), env={"COLUMNS": "160"})
         return res

@@ -56,14 +56,14 @@ def test_ls_lists_and_filters(work: Path) -> None:
     assert [r["id"] for r in json.loads(res.stdout)] == ["roll-0000", "roll-0001", "roll-0002"]
     assert cli("ls", "-w", str(work), "--kind", "great").exit_code != 0
     res = cli("ls", "-w", str(work), "--run", "nope")
-    assert res.exit_code == 1 and "no run named 'nope'" in res.stderr
+    assert res.exit_code == 2 and "no run named 'nope'" in res.stderr
 
 
 def test_workdir_from_env_and_missing_store(work: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["ls"], env={**ENV, "EVOTRAINER_WORKDIR": str(work)})
     assert res.exit_code == 0 and "7 rollout(s)" in res.stdout
     res = cli("ls", "-w", str(tmp_path / "empty"))
-    assert res.exit_code == 1 and "no store" in res.stderr
+    assert res.exit_code == 2 and "no store" in res.stderr
     assert not (tmp_path / "empty").exists()  # reading never creates a store
 
 
@@ -80,9 +80,9 @@ def test_show_renders_rollout_and_unknown_id_fails(work: Path) -> None:
     res = cli("show", "roll-0099", "-w", str(work), "--json")
     assert json.loads(res.stdout)["meta"]["train"]["reward_components"]["format"] == 0.25
     res = cli("show", "nope", "-w", str(work))
-    assert res.exit_code == 1 and "no rollout" in res.stderr
+    assert res.exit_code == 2 and "no rollout" in res.stderr
     res = cli("show", "roll-", "-w", str(work))
-    assert res.exit_code == 1 and "ambiguous" in res.stderr
+    assert res.exit_code == 2 and "ambiguous" in res.stderr
     assert cli("show", "roll-0003", "-w", str(work)).exit_code == 0  # exact id beats prefix
 
 
@@ -118,7 +118,7 @@ def test_import_bad_file_exits_1_and_stores_nothing(work: Path, tmp_path: Path) 
     target = tmp_path / "target"
     target.mkdir()
     res = cli("import", str(path), "-w", str(target))
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     for expected in [f"{path}:2: invalid JSON", f"{path}:3: field 'outcome'", f"{path}:4: duplicate id"]:
         assert expected in res.stderr, res.stderr
     with Store.open(target) as store:
@@ -129,4 +129,4 @@ def test_import_bad_file_exits_1_and_stores_nothing(work: Path, tmp_path: Path) 
     assert f"{path}:3:" in res.stderr
     with Store.open(target) as store:
         assert store.count_rollouts() == 1
-    assert cli("import", str(tmp_path / "missing.jsonl"), "-w", str(target)).exit_code == 1
+    assert cli("import", str(tmp_path / "missing.jsonl"), "-w", str(target)).exit_code == 2

@@ -66,7 +66,7 @@ def write(tmp_path: Path, *lines: bytes | str | dict) -> Path:
 
 def assert_rejected(target: Path, path: Path, expected: str, line: int = 2) -> str:
     res = run_import(target, path)
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert f"{path}:{line}: {expected}" in res.stderr, res.stderr
     assert "nothing imported" in res.stderr
     assert stored(target) == 0
@@ -178,7 +178,7 @@ def test_no_file_content_is_echoed(tmp_path, target):
                  good(99),  # a duplicate of line 1: says which line, not which id
                  good(6, meta={"train": {"reward_components": {SECRET + " x": "high"}}}))
     res = run_import(target, path)
-    assert res.exit_code == 1 and stored(target) == 0
+    assert res.exit_code == 2 and stored(target) == 0
     assert SECRET not in res.output and "r00099" not in res.output, res.output
     for line, expected in [(2, "invalid JSON"), (3, "field 'outcome': outcome score must be a finite number, got <value>"),
                            (4, "field 'outcome': outcome kind <value> is not one of"), (5, "unknown field(s): complation, <name>"),
@@ -192,7 +192,7 @@ def test_importing_into_a_folder_that_does_not_exist_creates_nothing(tmp_path):
     path = write(tmp_path)
     missing = tmp_path / "no" / "such" / "workspace"
     res = run_import(missing, path)
-    assert res.exit_code == 1 and "no workspace folder" in res.stderr
+    assert res.exit_code == 2 and "no workspace folder" in res.stderr
     assert not (tmp_path / "no").exists()
 
 
@@ -200,7 +200,7 @@ def test_the_same_id_already_stored_names_the_line_not_the_id(tmp_path, target):
     path = write(tmp_path, good(1))
     assert run_import(target, path).exit_code == 0
     res = run_import(target, path)
-    assert res.exit_code == 1 and f"{path}:1: the id is already in the store" in res.stderr
+    assert res.exit_code == 2 and f"{path}:1: the id is already in the store" in res.stderr
     assert "r00001" not in res.output and stored(target) == 2
 
 
@@ -223,9 +223,9 @@ def test_two_concurrent_imports_of_one_file_store_each_rollout_once(tmp_path, fr
     results = [(p.returncode, *out) for p, out in zip(procs, outputs)]
     for code, out, err in results:
         assert "Traceback" not in out + err, err
-    assert sorted(code for code, _, _ in results) == [0, 1], results
+    assert sorted(code for code, _, _ in results) == [0, 2], results
     [(_, winner, _)] = [r for r in results if r[0] == 0]
-    [(_, _, loser)] = [r for r in results if r[0] == 1]
+    [(_, _, loser)] = [r for r in results if r[0] == 2]
     assert f"imported {n} rollout(s)" in winner
     assert f"{path}:1: the id is already in the store" in loser and f"{n} bad line(s), nothing imported" in loser
     with Store.open(workdir) as store:
@@ -280,7 +280,7 @@ def test_a_writer_that_stores_the_same_ids_during_the_import(tmp_path):
         writer_store.close()
     out, err = proc.communicate(timeout=120)
     assert "Traceback" not in out + err, err
-    assert proc.returncode == 1, (out, err)
+    assert proc.returncode == 2, (out, err)
     assert f"{path}:1: the id is already in the store" in err and f"{n} bad line(s), nothing imported" in err
     with Store.open(workdir) as store:
         ids = [sr.rollout.id for sr in store.iter_rollouts()]
@@ -291,14 +291,13 @@ def test_a_writer_that_stores_the_same_ids_during_the_import(tmp_path):
 
 
 def _backtest(tmp_path: Path, ids: Path):
-    from evotrainer.cli.main import _register_subapps, app as main_app
+    from evotrainer.cli.main import app as main_app
     from test_backtest import workspace
 
     ws = workspace(tmp_path / "bt")
     with Store.open(ws.root) as store:
         from evotrainer.store.jsonl import from_export_dict
         store.add_rollouts([from_export_dict(good(i)) for i in range(4)])
-    _register_subapps()
     res = CliRunner().invoke(main_app, ["backtest", "main", "--rollouts", f"ids=@{ids}", "--workdir", str(ws.root)],
                              env=ENV)
     assert "Traceback" not in res.output and not isinstance(res.exception, (KeyError, UnicodeError)), res.exception

@@ -304,9 +304,8 @@ def test_parse_rejects_bad_skills(tmp_path: Path) -> None:
 
 
 def test_skills_cli(tmp_path: Path) -> None:
-    from evotrainer.cli.main import _register_subapps, app
+    from evotrainer.cli.main import app
 
-    _register_subapps()
     cli = CliRunner()
     res = cli.invoke(app, ["skills", "list"], env=ENV)
     assert res.exit_code == 0, res.output
@@ -320,7 +319,7 @@ def test_skills_cli(tmp_path: Path) -> None:
     assert res.exit_code == 0 and "0.15" in res.stdout and "reward_weights.edit_then_test" in res.stdout
     assert "README.md" in res.stdout
     res = cli.invoke(app, ["skills", "show", "nope"], env=ENV)
-    assert res.exit_code == 1 and "no skill named" in res.stderr
+    assert res.exit_code == 2 and "no skill named" in res.stderr
 
     res = cli.invoke(app, ["skills", "search", "dynamic sampling"], env=ENV)
     assert res.exit_code == 0 and "zero-variance-group-filter" in res.stdout and "1 skill(s)" in res.stdout

@@ -12,18 +12,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from evotrainer.cli.main import ConfigOpt, OverridesArg, WorkdirOpt, load_or_exit, resolve_workdir
+from evotrainer.cli.common import ConfigOpt, OverridesArg, UserErrorGroup, WorkdirOpt, resolve_workdir
+from evotrainer.config import load_config
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
-app = typer.Typer(name="backtests", help="List, show and replay backtest reports.", no_args_is_help=True)
+app = typer.Typer(name="backtests", help="List, show and replay backtest reports.", no_args_is_help=True,
+                  cls=UserErrorGroup)
 err = make_console(stderr=True)
 STORE_URL_ENV = "EVOTRAINER_STORE_URL"
 PROGRESS_MIN_ROWS = 5000  # below this a progress bar is only flicker
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code)
 
 
 def _workspace(workdir: Optional[Path]):
@@ -31,7 +29,7 @@ def _workspace(workdir: Optional[Path]):
 
     ws = Workspace(resolve_workdir(workdir))
     if not ws.exists():
-        raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain D --workdir {ws.root}`)")
+        raise UserError(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain D --workdir {ws.root}`)")
     return ws
 
 
@@ -40,8 +38,8 @@ def _store(ws: Any, url: str | None = None):
 
     url = os.environ.get(STORE_URL_ENV) or url
     if not url and not ws.store_path.exists():
-        raise _fail(f"no store at {ws.store_path}: nothing to backtest on (train first, or "
-                    "`evotrainer rollouts import`)")
+        raise UserError(f"no store at {ws.store_path}: nothing to backtest on (train first, or "
+                        "`evotrainer rollouts import`)")
     return Store(url) if url else Store.open(ws.root)
 
 
@@ -134,22 +132,21 @@ def backtest_cmd(
     """Replay REV and BASE over the same stored rollouts, apply the gate, and write the report
     to WORKDIR/backtests/ID.json (+ .md). Gate settings: config `gate.*` (e.g. gate.margin=0.05)."""
     from evotrainer.backtest import Selector, backtest
-    from evotrainer.harness.repo import HarnessRepoError
 
     ws = _workspace(workdir)
-    cfg = load_or_exit(config, overrides, ws.domain or "math")
+    cfg = load_config(config, overrides or [], domain=ws.domain or "math")
     try:
         selector = Selector.parse(rollouts)
     except ValueError as exc:
-        raise _fail(f"--rollouts: {exc}", 2)
+        raise UserError(f"--rollouts: {exc}") from None
     store = _store(ws, cfg.store.url)
     try:
         with _Bar("backtest") as bar:
             report = backtest(ws.root, rev, base=base, selector=selector, gate=cfg.gate, store=store,
                               workers=workers or cfg.executor.workers, on_progress=bar,
                               executor=cfg.executor.kind)
-    except (HarnessRepoError, ValueError) as exc:
-        raise _fail(str(exc))
+    except ValueError as exc:  # an unknown revision, a selector that matches nothing
+        raise UserError(str(exc)) from None
     finally:
         store.close()
     if as_json:
@@ -193,7 +190,7 @@ def _load(ws: Any, store: Any, backtest_id: str) -> dict[str, Any]:
     try:
         return load_report(ws.backtests, backtest_id, store)
     except (KeyError, ValueError) as exc:
-        raise _fail(str(exc).strip('"'))
+        raise UserError(str(exc).strip('"')) from None
 
 
 @app.command("show")
@@ -229,7 +226,7 @@ def replay_cmd(
             with _Bar("replay") as bar:
                 result = replay(ws.root, report["id"], store=store, workers=workers, on_progress=bar)
         except ValueError as exc:
-            raise _fail(str(exc))
+            raise UserError(str(exc)) from None
     if as_json:
         print(json.dumps(result, indent=2))
     else:

@@ -11,16 +11,12 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.cli.common import WorkdirOpt, resolve_workdir
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
 STORE_URL_ENV = "EVOTRAINER_STORE_URL"
 err = make_console(stderr=True)
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code)
 
 
 def report_name(run: str | None, round_: int | None, domain: str | None) -> str:
@@ -53,27 +49,27 @@ def diagnose_cmd(
     ws = Workspace(resolve_workdir(workdir))
     url = os.environ.get(STORE_URL_ENV)
     if not url and not ws.store_path.exists():
-        raise _fail(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
+        raise UserError(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
     with (Store(url) if url else Store.open(ws.root)) as store:
         run_id = None
         if run is not None:
             run_id = store.run_id(run)
             if run_id is None:
-                raise _fail(f"no run named {run!r}")
+                raise UserError(f"no run named {run!r}")
         domain = domain or ws.domain
         if domain is None:  # no workspace: judge the rollouts by their own domain
             first = next(store.iter_rollouts(run_id=run_id, round_index=round_, limit=1), None)
             domain = first.rollout.domain if first is not None else None
         if domain is None:
-            raise _fail("no rollouts match")
+            raise UserError("no rollouts match")
         if ws.exists():
             harness = HarnessRepo(ws.harnesses).load(rev)
             where = f"at {rev}"
         else:
             seed = HARNESSES_DIR / domain
             if rev != "main" or not seed.is_dir():
-                raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain {domain} "
-                            f"--workdir {ws.root}`)")
+                raise UserError(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain {domain} "
+                                f"--workdir {ws.root}`)")
             harness = isolated_from_folder(seed)
             where = f"shipped {domain} seed"
             err.print(Text(f"no harness repo at {ws.harnesses}: using {where}", style="yellow"))
@@ -83,7 +79,7 @@ def diagnose_cmd(
         with harness:  # its code runs in a sandbox worker, stopped here
             report = health_report(harness, rows, scope=f"{scope}; harness {where}")
     if report.n_rollouts == 0:
-        raise _fail(f"no rollouts match ({scope})")
+        raise UserError(f"no rollouts match ({scope})")
     md, _ = write_report(report, ws.root / "diagnostics", name or report_name(run, round_, domain))
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))

@@ -13,11 +13,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from evotrainer.cli.common import UserErrorGroup
+from evotrainer.console import make_console
+from evotrainer.errors import UserError
 from evotrainer.experience.distill import SOURCES
 from evotrainer.store import Store
-from evotrainer.console import make_console
 
-app = typer.Typer(name="experience", no_args_is_help=True, help=(
+app = typer.Typer(name="experience", no_args_is_help=True, cls=UserErrorGroup, help=(
     "The experience pool: lessons distilled from stored rollouts, which a harness can put into a "
     "share of training prompts (harness.yaml `experience`), retrieved by embedding similarity."))
 
@@ -30,15 +32,10 @@ Source = enum.Enum("Source", {s: s for s in SOURCES}, type=str)
 DEFAULT_WORKDIR = Path("evotrainer-work")
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code)
-
-
 def _open(workdir: Path, must_exist: bool = True) -> Store:
     url = os.environ.get(STORE_URL_ENV)
     if not url and must_exist and not (workdir / "store.db").exists():
-        raise _fail(f"no store at {workdir / 'store.db'} (set --workdir or {WORKDIR_ENV})")
+        raise UserError(f"no store at {workdir / 'store.db'} (set --workdir or {WORKDIR_ENV})")
     return Store(url) if url else Store.open(workdir)
 
 
@@ -75,10 +72,10 @@ def show_cmd(lesson: Annotated[str, typer.Argument(help="Lesson id (or a unique 
     with _open(workdir) as store:
         try:
             row = store.get_lesson(lesson)
-        except ValueError as exc:
-            raise _fail(str(exc))
+        except ValueError as exc:  # an ambiguous prefix
+            raise UserError(str(exc)) from None
     if row is None:
-        raise _fail(f"no lesson {lesson!r}")
+        raise UserError(f"no lesson {lesson!r}")
     body = Text.assemble(
         (row["text"], "bold"), "\n\n",
         f"domain {row['domain']}  source {row['source']}  kind {row['kind']}  support {row['support']}\n",
@@ -96,18 +93,14 @@ def search_cmd(text: Annotated[str, typer.Argument(help="What to look for, in wo
     """The lessons nearest to TEXT by embedding similarity (the offline all-MiniLM-L6-v2 model).
     Lesson embeddings are computed once and cached in the store."""
     from evotrainer.experience import ExperiencePool
-    from evotrainer.experience.embed import EmbeddingError
 
     if not text.strip():
-        raise _fail("give some text to search for")
+        raise UserError("give some text to search for")
     with _open(workdir) as store:
-        try:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=make_console(stderr=True),
-                          transient=True) as progress:
-                progress.add_task("embedding lessons and query", total=None)
-                hits = ExperiencePool(store).search(text, domain=domain, k=k)
-        except EmbeddingError as exc:
-            raise _fail(str(exc), 1)
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=make_console(stderr=True),
+                      transient=True) as progress:
+            progress.add_task("embedding lessons and query", total=None)
+            hits = ExperiencePool(store).search(text, domain=domain, k=k)
     rows = [{"id": h.lesson.id, "domain": h.lesson.domain, "source": h.lesson.source, "kind": h.lesson.kind,
              "support": h.lesson.support, "text": h.lesson.text} for h in hits]
     make_console().print(_table(rows, f"{len(rows)} lesson(s) nearest to {text!r}", [h.score for h in hits]))
@@ -130,36 +123,32 @@ def distill_cmd(
     """Distill lessons from stored rollouts into the pool (held-out rollouts are never read).
     A lesson distilled again updates its row instead of adding a copy."""
     from evotrainer.experience.distill import distill_store, get_distiller
-    from evotrainer.experience.llm import DistillEndpointError
 
     options = ({"min_support": min_support} if agent is Source.rules
                else {"model": model, "base_url": base_url, "max_calls": max_calls})
     try:
         distiller = get_distiller(agent.value, **options)
-    except ValueError as exc:
-        raise _fail(str(exc))
+    except ValueError as exc:  # no model, no API key
+        raise UserError(str(exc)) from None
     with _open(workdir) as store:
         run_id = None
         if run is not None:
             run_id = store.run_id(run)
             if run_id is None:
-                raise _fail(f"no run named {run!r}")
+                raise UserError(f"no run named {run!r}")
         total = store.count_rollouts(run_id=run_id, round_index=round_, domain=domain)
         if limit is not None:
             total = min(total, limit)
         if total == 0:
-            raise _fail("no stored rollouts match")
+            raise UserError("no stored rollouts match")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       console=make_console(stderr=True), transient=True) as progress:
             reading = progress.add_task("reading rollouts", total=total)
             if agent is Source.llm:
                 asking = progress.add_task("asking the model", total=None)
                 distiller.on_batch = lambda done, n: progress.update(asking, completed=done, total=n)
-            try:
-                summaries = distill_store(store, distiller, domain=domain, run_id=run_id, round_index=round_,
-                                          limit=limit, on_rollout=lambda: progress.advance(reading))
-            except DistillEndpointError as exc:
-                raise _fail(str(exc), 1)
+            summaries = distill_store(store, distiller, domain=domain, run_id=run_id, round_index=round_,
+                                      limit=limit, on_rollout=lambda: progress.advance(reading))
     out = make_console()
     for s in summaries:
         out.print(f"[bold]{s.domain}[/bold]: {s.rollouts} rollouts in {s.groups} groups -> "

@@ -8,15 +8,11 @@ from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
+
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
 err = make_console(stderr=True)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code)
 
 
 def grade_cmd(
@@ -40,17 +36,17 @@ def grade_cmd(
     try:
         batch = load_batch(tasks, predictions, timeout, cache_dir)
     except (OSError, ValueError) as exc:
-        raise _fail(str(exc))
+        raise UserError(str(exc)) from None
     support = isolation_support()
     if not support["netns"]:
         err.print("[yellow]warning:[/yellow] no network namespace here: graded code can reach the network")
 
     if executor_name not in ("local", "ray"):
-        raise _fail(f"--executor: expected local or ray, got {executor_name!r}")
+        raise UserError(f"--executor: expected local or ray, got {executor_name!r}")
     try:
         executor = get_executor(executor_name, workers=workers)
     except ImportError:
-        raise _fail("--executor ray needs Ray: pip install 'evotrainer[ray]'")
+        raise UserError("--executor ray needs Ray: pip install 'evotrainer[ray]'") from None
     try:
         with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.fields[last]}"), console=err, transient=as_json) as progress:

@@ -12,14 +12,17 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from evotrainer.harness.repo import CommitInfo, HarnessRepo, HarnessRepoError
-from evotrainer.workspace import Workspace
+from evotrainer.cli.common import UserErrorGroup
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
+from evotrainer.harness.repo import CommitInfo, HarnessRepo
+from evotrainer.workspace import Workspace
 
 app = typer.Typer(
     name="harness",
     help="Read the harness history: promotions on main, candidates on candidate/* branches.",
     no_args_is_help=True,
+    cls=UserErrorGroup,
 )
 
 Workdir = Annotated[Path, typer.Option(
@@ -27,15 +30,10 @@ Workdir = Annotated[Path, typer.Option(
 DEFAULT_WORKDIR = Path("evotrainer-work")
 
 
-def _fail(message: str) -> typer.Exit:
-    make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(1)
-
-
 def _repo(workdir: Path) -> HarnessRepo:
     ws = Workspace(workdir)
     if not ws.exists():
-        raise _fail(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain D --workdir {workdir}`)")
+        raise UserError(f"no harness repo at {ws.harnesses} (run `evotrainer init --domain D --workdir {workdir}`)")
     return HarnessRepo(ws.harnesses)
 
 
@@ -97,10 +95,7 @@ def show_cmd(
     """One commit: message, trailers and its diff against the first parent (for a promotion: what
     it changed on main)."""
     repo = _repo(workdir)
-    try:
-        info, patch = repo.show(rev)
-    except HarnessRepoError as exc:
-        raise _fail(str(exc))
+    info, patch = repo.show(rev)
     out = make_console()
     out.print(commit_panel(info))
     out.print(_diff(patch))
@@ -114,8 +109,5 @@ def diff_cmd(
 ):
     """The unified diff between two harness versions."""
     repo = _repo(workdir)
-    try:
-        text = repo.diff(a, b)
-    except HarnessRepoError as exc:
-        raise _fail(str(exc))
+    text = repo.diff(a, b)
     make_console().print(_diff(text))

@@ -13,26 +13,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.cli.common import WorkdirOpt, resolve_workdir
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
 err = make_console(stderr=True)
 
 
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(code)
-
-
 def open_store(workdir: Optional[Path]):
-    """The workspace's store (or $EVOTRAINER_STORE_URL); exit 1 when there is none."""
+    """The workspace's store (or $EVOTRAINER_STORE_URL); a UserError when there is none."""
     from evotrainer.store import Store
     from evotrainer.workspace import Workspace
 
     ws = Workspace(resolve_workdir(workdir))
     url = os.environ.get("EVOTRAINER_STORE_URL")
     if not url and not ws.store_path.exists():
-        raise _fail(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
+        raise UserError(f"no store at {ws.store_path} (train first, or `evotrainer rollouts import`)")
     return Store(url) if url else Store.open(ws.root)
 
 
@@ -55,18 +51,14 @@ def judge_cmd(
     malformed after `judge.max_retries` is MISSING (never a pass). The label lands in the rollout's
     `meta["judge"]` for harness rewards; verdicts are cached by (judge model, prompt hash, rollout
     id), so a second run asks nothing it asked before."""
-    from evotrainer.config import ConfigError, load_config
-    from evotrainer.judge import JudgeEndpointError, JudgePanel, JudgeRecords, StepJudge, make_backend
+    from evotrainer.config import load_config
+    from evotrainer.judge import JudgePanel, JudgeRecords, StepJudge, make_backend
 
-    try:
-        cfg = load_config(config, overrides or []).judge
-    except ConfigError as exc:
-        err.print(f"[red]config error[/red]\n{exc}")
-        raise typer.Exit(2)
+    cfg = load_config(config, overrides or []).judge
     try:
         backend = make_backend(cfg)
-    except ValueError as exc:
-        raise _fail(str(exc), 2)
+    except ValueError as exc:  # no model, no API key, an unknown backend
+        raise UserError(str(exc)) from None
     labels: Counter = Counter()
     cached = asked = stepped = 0
     with open_store(workdir) as store:
@@ -74,7 +66,7 @@ def judge_cmd(
         if run is not None:
             run_id = store.run_id(run)
             if run_id is None:
-                raise _fail(f"no run named {run!r}", 2)
+                raise UserError(f"no run named {run!r}")
         records = JudgeRecords(store)
         panel = JudgePanel.from_config(cfg, backend, records)
         step_judge = StepJudge(backend, records=records, max_retries=cfg.max_retries, max_tokens=cfg.max_tokens,
@@ -82,22 +74,19 @@ def judge_cmd(
         total = store.count_rollouts(run_id=run_id, round_index=round_, domain=domain)
         total = min(total, limit) if limit else total
         if total == 0:
-            raise _fail("no rollouts match")
+            raise UserError("no rollouts match")
         columns = (TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=err, transient=True, disable=as_json) as progress:
             task = progress.add_task("judge", total=total)
-            try:
-                for sr in store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain, limit=limit):
-                    result = panel.judge(sr.rollout)
-                    labels[result.label] += 1
-                    for vote in result.votes.values():
-                        cached += vote.cached
-                        asked += not vote.cached
-                    if step_judge is not None and any(t.role == "assistant" for t in sr.rollout.turns):
-                        stepped += step_judge(sr.rollout) is not None
-                    progress.advance(task)
-            except JudgeEndpointError as exc:
-                raise _fail(str(exc))
+            for sr in store.iter_rollouts(run_id=run_id, round_index=round_, domain=domain, limit=limit):
+                result = panel.judge(sr.rollout)
+                labels[result.label] += 1
+                for vote in result.votes.values():
+                    cached += vote.cached
+                    asked += not vote.cached
+                if step_judge is not None and any(t.role == "assistant" for t in sr.rollout.turns):
+                    stepped += step_judge(sr.rollout) is not None
+                progress.advance(task)
         pending = len(records.reviews("pending"))
     counts = {"rollouts": sum(labels.values()), **{k: labels.get(k, 0) for k in ("success", "failure", "disputed",
                                                                                    "missing")},

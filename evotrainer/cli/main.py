@@ -12,8 +12,22 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from evotrainer.config import Config, ConfigError, load_config
+from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
+from evotrainer.cli.common import ConfigOpt, DomainOpt, OverridesArg, UserErrorGroup, WorkdirOpt, resolve_workdir
+from evotrainer.cli.diagnose import diagnose_cmd
+from evotrainer.cli.experience import app as experience_app
+from evotrainer.cli.grade import grade_cmd
+from evotrainer.cli.harness import app as harness_app
+from evotrainer.cli.judge import judge_cmd
+from evotrainer.cli.report import report_cmd
+from evotrainer.cli.review import review_cmd
+from evotrainer.cli.rollouts import app as rollouts_app
+from evotrainer.cli.skills import app as skills_app
+from evotrainer.cli.status import status_cmd
+from evotrainer.cli.tasks import app as tasks_app
+from evotrainer.config import load_config
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
 app = typer.Typer(
     name="evotrainer",
@@ -21,57 +35,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # reflow docstring paragraphs in --help
+    cls=UserErrorGroup,
 )
 console = make_console(stderr=True)
-
-WorkdirOpt = typer.Option(
-    None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
-    "Default: $EVOTRAINER_WORKDIR or ./evotrainer-work.")
-DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math, code or swe.")
-ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/DOMAIN.yaml).")
-OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
-
-
-def resolve_workdir(workdir: Optional[Path]) -> Path:
-    return Path(workdir or os.environ.get("EVOTRAINER_WORKDIR", "evotrainer-work"))
-
-
-def load_or_exit(config: Optional[Path], overrides: Optional[List[str]], domain: str) -> Config:
-    try:
-        return load_config(config, overrides or [], domain=domain)
-    except ConfigError as exc:
-        console.print(f"[red]config error[/red]\n{exc}")
-        raise typer.Exit(2)
-
-
-def _register_subapps() -> None:
-    from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
-    from evotrainer.cli.diagnose import diagnose_cmd
-    from evotrainer.cli.experience import app as experience_app
-    from evotrainer.cli.grade import grade_cmd
-    from evotrainer.cli.harness import app as harness_app
-    from evotrainer.cli.report import report_cmd
-    from evotrainer.cli.rollouts import app as rollouts_app
-    from evotrainer.cli.skills import app as skills_app
-    from evotrainer.cli.status import status_cmd
-    from evotrainer.cli.tasks import app as tasks_app
-
-    app.add_typer(rollouts_app, name="rollouts")
-    app.add_typer(harness_app, name="harness")
-    app.command("backtest")(backtest_cmd)
-    app.add_typer(backtests_app, name="backtests")
-    app.command("diagnose")(diagnose_cmd)
-    app.command("grade")(grade_cmd)
-    from evotrainer.cli.judge import judge_cmd
-    from evotrainer.cli.review import review_cmd
-
-    app.command("judge")(judge_cmd)
-    app.command("review")(review_cmd)
-    app.add_typer(skills_app, name="skills")
-    app.add_typer(experience_app, name="experience")
-    app.add_typer(tasks_app, name="tasks")
-    app.command("report")(report_cmd)
-    app.command("status")(status_cmd)
 
 
 @app.command()
@@ -79,15 +45,11 @@ def init(domain: str = DomainOpt, workdir: Optional[Path] = WorkdirOpt):
     """Create a workspace: a harness git repo seeded from the package's harnesses/DOMAIN, plus
     skills/ and backtests/. An existing workspace is left as it is."""
     from evotrainer.harness.repo import HarnessRepo
-    from evotrainer.workspace import WorkspaceError, ensure_workspace
+    from evotrainer.workspace import ensure_workspace
 
     wd = resolve_workdir(workdir)
     existed = (wd / "harnesses" / ".git").is_dir()
-    try:
-        ws = ensure_workspace(wd, domain)
-    except WorkspaceError as exc:
-        console.print(f"[red]{exc}")
-        raise typer.Exit(1)
+    ws = ensure_workspace(wd, domain)
     main = HarnessRepo(ws.harnesses).log(limit=1)[0]
     table = Table(title=f"{'existing' if existed else 'new'} {domain} workspace {ws.root}", show_header=False)
     table.add_row("harnesses/", f"git repo, main at {main.short} ({main.subject})")
@@ -114,7 +76,7 @@ def train(
     """
     from evotrainer.train.loop import open_session, run_training
 
-    cfg = load_or_exit(config, overrides, domain)
+    cfg = load_config(config, overrides or [], domain=domain)
     wd = resolve_workdir(workdir)
     session = open_session(cfg, wd, console)
     result = run_training(session, rounds=rounds, steps=steps)
@@ -155,14 +117,10 @@ def coevolve(
     from evotrainer.coevolve import Coevolution
 
     extra = [f"coevolve.agent={agent}"] if agent else []
-    cfg = load_or_exit(config, (overrides or []) + extra, domain)
+    cfg = load_config(config, (overrides or []) + extra, domain=domain)
     loop = Coevolution(cfg, resolve_workdir(workdir), console,
                        approve=_ask_approval if approve else None)
-    try:
-        state = loop.run(rounds, resume=resume)
-    except RuntimeError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2)
+    state = loop.run(rounds, resume=resume)
     promoted = [h["promoted"] for h in state.history if h.get("promoted")]
     console.print(f"[bold]{len(state.history)} round(s) done; promoted: {', '.join(promoted) or 'nothing'}")
 
@@ -188,22 +146,17 @@ def eval_cmd(
     overrides: Optional[List[str]] = OverridesArg,
 ):
     """Evaluate a policy on the held-out split: greedy decoding, one result per eval seed."""
-    from evotrainer.policy import PolicyError, load_policy
+    from evotrainer.policy import load_policy
     from evotrainer.train.evaluate import eval_backend_name
     from evotrainer.train.loop import evaluate_heldout, open_session
 
-    cfg = load_or_exit(config, overrides, domain)
+    cfg = load_config(config, overrides or [], domain=domain)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        console.print(f"[red]--adapter {adapter}: not a PEFT adapter folder (no adapter_config.json)")
-        raise typer.Exit(2)
+        raise UserError(f"--adapter {adapter}: not a PEFT adapter folder (no adapter_config.json)")
     session = open_session(cfg, resolve_workdir(workdir), console)
     model = tokenizer = None  # a vLLM engine or a server generates on its own
     if eval_backend_name(cfg) == "hf" or cfg.domain.scaffold == "agent":
-        try:
-            model, tokenizer = load_policy(cfg.policy.model, adapter)
-        except PolicyError as exc:
-            console.print(f"[red]{exc}")
-            raise typer.Exit(1)
+        model, tokenizer = load_policy(cfg.policy.model, adapter)
     results = evaluate_heldout(session, model, tokenizer, None, str(adapter) if adapter else None)
     rows = [{"seed": r.seed, "n": r.n, "successes": r.successes, "success_rate": r.success_rate,
              "kinds": dict(r.kinds)} for r in results]
@@ -228,7 +181,7 @@ def config_cmd(
     """Print the resolved config (after overrides) as YAML, or the error that rejects it."""
     import yaml
 
-    cfg = load_or_exit(config, overrides, domain)
+    cfg = load_config(config, overrides or [], domain=domain)
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
 
 
@@ -251,20 +204,24 @@ def quiet_libraries() -> None:
         pass
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that describe bad input, shown as one clear message instead of a traceback."""
-    from evotrainer.harness.loader import HarnessError
-    from evotrainer.harness.repo import HarnessRepoError
-    from evotrainer.harness.trusted_git import RefMovedError, UnsafeRepoError
-    from evotrainer.policy import PolicyError
-    from evotrainer.workspace import WorkspaceError
-
-    return (ConfigError, HarnessError, HarnessRepoError, PolicyError, WorkspaceError, RefMovedError,
-            UnsafeRepoError)
+# The stages' commands, after this file's own (the order `--help` lists them in).
+app.add_typer(rollouts_app, name="rollouts")
+app.add_typer(harness_app, name="harness")
+app.command("backtest")(backtest_cmd)
+app.add_typer(backtests_app, name="backtests")
+app.command("diagnose")(diagnose_cmd)
+app.command("grade")(grade_cmd)
+app.command("judge")(judge_cmd)
+app.command("review")(review_cmd)
+app.add_typer(skills_app, name="skills")
+app.add_typer(experience_app, name="experience")
+app.add_typer(tasks_app, name="tasks")
+app.command("report")(report_cmd)
+app.command("status")(status_cmd)
 
 
 def main() -> None:
-    _register_subapps()
+    """`evotrainer`: a UserError becomes one `Error:` line and exit 2 (cli.common.UserErrorGroup)."""
     quiet_libraries()
     if not sys.stderr.isatty():
         # typer draws usage errors in a rich panel 80 columns wide, splitting paths; off a
@@ -272,9 +229,6 @@ def main() -> None:
         typer.core.HAS_RICH = False
     try:
         app()
-    except _user_errors() as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: everything scored so far is in the store; run the same "
                       "command again to resume[/yellow]")

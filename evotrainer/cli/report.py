@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.cli.common import WorkdirOpt, resolve_workdir
 from evotrainer.console import make_console
 
 err = make_console(stderr=True)
@@ -24,7 +24,7 @@ def report_cmd(
     """Write a static HTML report of the workspace: overview with curves, harness lineage with
     diffs, backtests, diagnostics, paginated rollouts and the skill library. It needs no network
     to view and loads no scripts or fonts."""
-    from evotrainer.report import ReportError, build_report
+    from evotrainer.report import build_report
 
     wd = resolve_workdir(workdir)
     with Progress(TextColumn("[bold]rollout pages"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -34,11 +34,7 @@ def report_cmd(
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
-        try:
-            summary = build_report(wd, out, on_progress=progress)
-        except ReportError as exc:
-            err.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2)
+        summary = build_report(wd, out, on_progress=progress)
     index = summary.out / "index.html"
     err.print(f"wrote {summary.pages} pages ({summary.rollouts} rollouts) to {summary.out} "
               f"in {summary.seconds:.1f} s")

@@ -11,8 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from evotrainer.cli.common import WorkdirOpt
 from evotrainer.cli.judge import open_store
-from evotrainer.cli.main import WorkdirOpt
 from evotrainer.console import make_console
 
 CHOICES = {"s": "success", "f": "failure", "k": "skip", "q": "quit"}

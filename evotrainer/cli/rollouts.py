@@ -17,15 +17,18 @@ from rich.table import Table
 from rich.text import Text
 
 from evotrainer.api import OUTCOME_KINDS
+from evotrainer.cli.common import UserErrorGroup
+from evotrainer.console import make_console
+from evotrainer.errors import UserError
 from evotrainer.report.rollout_pages import looks_like_patch, per_test
 from evotrainer.store import ImportErrors, ImportRefused, Store, StoredRollout, export_jsonl, import_jsonl
 from evotrainer.store.jsonl import to_export_dict
-from evotrainer.console import make_console
 
 app = typer.Typer(
     name="rollouts",
     help="Inspect, export and import the rollouts stored in a workspace.",
     no_args_is_help=True,
+    cls=UserErrorGroup,
 )
 
 WORKDIR_ENV, STORE_URL_ENV = "EVOTRAINER_WORKDIR", "EVOTRAINER_STORE_URL"
@@ -49,15 +52,10 @@ def _err() -> Console:
     return make_console(stderr=True)
 
 
-def _fail(message: str) -> typer.Exit:
-    _err().print(Text.assemble(("error: ", "bold red"), message))
-    return typer.Exit(1)
-
-
 def _open(workdir: Path, must_exist: bool = True) -> Store:
     url = os.environ.get(STORE_URL_ENV)
     if not url and must_exist and not (workdir / "store.db").exists():
-        raise _fail(f"no store at {workdir / 'store.db'} (set --workdir or {WORKDIR_ENV})")
+        raise UserError(f"no store at {workdir / 'store.db'} (set --workdir or {WORKDIR_ENV})")
     return Store(url) if url else Store.open(workdir)
 
 
@@ -67,7 +65,7 @@ def _filters(store: Store, run: str | None, round_: int | None, domain: str | No
     if run is not None:
         run_id = store.run_id(run)
         if run_id is None:
-            raise _fail(f"no run named {run!r}")
+            raise UserError(f"no run named {run!r}")
     return {"run_id": run_id, "round_index": round_, "domain": domain,
             "kind": kind.value if kind is not None else None}
 
@@ -183,10 +181,10 @@ def show(
     with _open(workdir) as store:
         try:
             sr = store.get_rollout(rollout_id)
-        except ValueError as exc:
-            raise _fail(str(exc)) from None
+        except ValueError as exc:  # an ambiguous prefix
+            raise UserError(str(exc)) from None
     if sr is None:
-        raise _fail(f"no rollout with id or id prefix {rollout_id!r}")
+        raise UserError(f"no rollout with id or id prefix {rollout_id!r}")
     if as_json:
         typer.echo(json.dumps(to_export_dict(sr), ensure_ascii=False, indent=2, sort_keys=True))
         return
@@ -232,9 +230,9 @@ def import_(
     never what the line holds. The workspace folder must exist (a mistyped --workdir is
     an error, not a new empty workspace)."""
     if file != "-" and not Path(file).is_file():
-        raise _fail(f"no such file: {file}")
+        raise UserError(f"no such file: {file}")
     if not os.environ.get(STORE_URL_ENV) and not workdir.is_dir():
-        raise _fail(f"no workspace folder {workdir} (create it first, or set --workdir or {WORKDIR_ENV})")
+        raise UserError(f"no workspace folder {workdir} (create it first, or set --workdir or {WORKDIR_ENV})")
     err = _err()
     where = "<stdin>" if file == "-" else file
     with _open(workdir, must_exist=False) as store:
@@ -244,10 +242,10 @@ def import_(
         except ImportErrors as exc:
             for line, message in exc.errors:
                 err.print(Text.assemble((f"{where}:{line}: ", "bold red"), message), soft_wrap=True)
-            raise _fail(f"{len(exc.errors)} bad line(s), nothing imported "
-                        "(--skip-bad imports the valid lines)") from None
+            raise UserError(f"{len(exc.errors)} bad line(s), nothing imported "
+                            "(--skip-bad imports the valid lines)") from None
         except ImportRefused as exc:  # the transaction rolled back; say why without its SQL or values
-            raise _fail(f"the store refused the import, nothing imported: {exc.kind}: {exc.message[:200]}") from None
+            raise UserError(f"the store refused the import, nothing imported: {exc.kind}: {exc.message[:200]}") from None
     for line, message in summary.skipped:
         err.print(Text.assemble((f"{where}:{line}: ", "yellow"), message, " (skipped)"), soft_wrap=True)
     skipped = f", skipped {len(summary.skipped)} bad line(s)" if summary.skipped else ""

@@ -9,11 +9,13 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from evotrainer.skills.library import STATUSES, SkillError, SkillLibrary
+from evotrainer.cli.common import UserErrorGroup
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
+from evotrainer.skills.library import STATUSES, SkillLibrary
 
 app = typer.Typer(name="skills", help="Browse the skill library: reusable, evidence-backed harness "
-                  "interventions.", no_args_is_help=True)
+                  "interventions.", no_args_is_help=True, cls=UserErrorGroup)
 
 Workdir = Annotated[Optional[Path], typer.Option(
     "--workdir", "-w", envvar="EVOTRAINER_WORKDIR",
@@ -24,6 +26,8 @@ StatusOpt = Annotated[Optional[Status], typer.Option("--status", "-s", help="Onl
 
 
 def _library(workdir: Optional[Path]) -> SkillLibrary:
+    if workdir is not None and not workdir.is_dir():  # a mistyped --workdir would hide its skills
+        raise UserError(f"no workspace folder {workdir} (set by --workdir or EVOTRAINER_WORKDIR)")
     lib = SkillLibrary.load(workdir)
     err = make_console(stderr=True)
     for message in lib.errors:
@@ -49,11 +53,7 @@ def show_cmd(name: Annotated[str, typer.Argument(help="Skill name.")], workdir: 
     """One skill in full: trigger, intervention, grid, expected effect, evidence and README."""
     from evotrainer.skills.render import skill_panel
 
-    try:
-        skill = _library(workdir).get(name)
-    except SkillError as exc:
-        make_console(stderr=True).print(Text.assemble(("error: ", "bold red"), str(exc)))
-        raise typer.Exit(1)
+    skill = _library(workdir).get(name)
     make_console().print(skill_panel(skill))
 
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import typer
 from rich.table import Table
 from rich.text import Text
 
-from evotrainer.cli.main import WorkdirOpt, resolve_workdir
+from evotrainer.cli.common import WorkdirOpt, resolve_workdir
 from evotrainer.console import make_console
-
-err = make_console(stderr=True)
+from evotrainer.errors import UserError
 
 
 def _fmt(value: object) -> str:
@@ -46,8 +44,7 @@ def status_cmd(workdir: Optional[Path] = WorkdirOpt):
 
     ws = Workspace(resolve_workdir(workdir))
     if not ws.root.is_dir() or not (ws.store_path.exists() or ws.exists()):
-        err.print(f"[red]error:[/red] {ws.root}: no workspace here (run `evotrainer init` or `train`)")
-        raise typer.Exit(2)
+        raise UserError(f"{ws.root}: no workspace here (run `evotrainer init` or `train`)")
     out = make_console()
     state = load_state(ws.root)
     head = Table.grid(padding=(0, 2))

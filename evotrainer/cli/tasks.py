@@ -9,10 +9,14 @@ from typing import Annotated, List, Optional
 
 import typer
 from rich.table import Table
+
+from evotrainer.cli.common import UserErrorGroup
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
+from evotrainer.frontier.cli import frontier_cmd  # self-questioning lives in evotrainer.frontier
 
 app = typer.Typer(name="tasks", help="Build SWE task sets: synthesize bugs in a repo, or import SWE-bench JSONL.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=UserErrorGroup)
 console = make_console(stderr=True)
 
 
@@ -66,9 +70,8 @@ def synth_cmd(
                         progress=lambda msg: console.print(msg, markup=False, highlight=False))
     try:
         records = synthesize(repo, out, opts, snapshot=snapshot, name=name)
-    except (ValueError, RuntimeError) as exc:
-        console.print(f"[red]{exc}")
-        raise typer.Exit(1)
+    except ValueError as exc:  # no sources or tests in REPO (a SynthError, about its test run, is a UserError)
+        raise UserError(str(exc)) from None
     console.print(f"wrote {len(records)} task(s) to {out}")
     if len(records) < n:
         console.print(f"[yellow]asked for {n}; raise --max-candidates or widen --include for more")
@@ -88,9 +91,8 @@ def import_cmd(
 
     try:
         tasks = import_tasks(file, out, repo_root=repo_root, default_level=level)
-    except ValueError as exc:
-        console.print(f"[red]{exc}")
-        raise typer.Exit(1)
+    except ValueError as exc:  # the message names the file, line and field
+        raise UserError(str(exc)) from None
     console.print(f"imported {len(tasks)} task(s) to {out}")
 
 
@@ -110,29 +112,22 @@ def fetch_cmd(
     from rich.progress import BarColumn, Progress, TextColumn
 
     from evotrainer.tasks import resolve_pack
-    from evotrainer.tasks.sources import FetchError, fetch_one, load_sources, snapshot_store
+    from evotrainer.tasks.sources import fetch_one, load_sources, snapshot_store
 
     try:
         folder = resolve_pack(pack)
         libraries = load_sources(folder)
     except ValueError as exc:
-        console.print(f"[red]{exc}")
-        raise typer.Exit(2)
+        raise UserError(str(exc)) from None
     if sdist_dir is not None and not sdist_dir.is_dir():
-        console.print(f"[red]--sdist-dir {sdist_dir} is not a folder")
-        raise typer.Exit(2)
+        raise UserError(f"--sdist-dir {sdist_dir} is not a folder")
     store = snapshot_store()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   console=console, transient=True) as progress:
         bar = progress.add_task("fetching", total=len(libraries))
         for src in libraries:
             progress.update(bar, description=f"fetching {src.requirement}")
-            try:
-                path, status = fetch_one(src, store, sdist_dir=sdist_dir, verify=verify)
-            except FetchError as exc:
-                progress.stop()
-                console.print(str(exc), style="red", markup=False, highlight=False)
-                raise typer.Exit(1)
+            path, status = fetch_one(src, store, sdist_dir=sdist_dir, verify=verify)  # FetchError: a UserError
             progress.console.print(f"{src.requirement} ({src.license}): {status} -> {path}", markup=False,
                                    highlight=False)
             progress.advance(bar)
@@ -150,14 +145,16 @@ def list_cmd(file: Annotated[Path, typer.Argument(help="A task file (default: th
     for col in ("instance_id", "level", "F2P", "P2P", "where"):
         table.add_column(col)
     for f in files:
-        for t in load_tasks(f):
+        try:
+            tasks = load_tasks(f)
+        except ValueError as exc:  # the message names the file and line
+            raise UserError(str(exc)) from None
+        for t in tasks:
             m = t.extra.get("mutation") or {}
             where = f"{m.get('path', '')}:{m.get('function', '')}" if m else t.repo
             table.add_row(t.instance_id, str(t.level), str(len(t.FAIL_TO_PASS)), str(len(t.PASS_TO_PASS)), where)
     make_console().print(table)
 
-
-from evotrainer.frontier.cli import frontier_cmd  # noqa: E402  (self-questioning lives in evotrainer.frontier)
 
 app.command("frontier")(frontier_cmd)
 

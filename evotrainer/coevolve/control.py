@@ -20,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evotrainer.coevolve.state import Pending
+from evotrainer.coevolve.state import Pending, RunStateError
 from evotrainer.config import Config
 from evotrainer.harness.repo import HarnessRepo
 
@@ -45,7 +45,7 @@ def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pendin
         main = session.store.run_id(config.run_name)
         start = _round_adapter(session.store, main, pending.round)
         if start is None:
-            raise RuntimeError(f"control arm: run {config.run_name!r} has no finished round {pending.round}")
+            raise RunStateError(f"control arm: run {config.run_name!r} has no finished round {pending.round}")
         session.stats_run_id, session.stats_before = main, index
         memory = root / "memory" / f"{config.run_name}.json"  # harness.yaml memory, when on
         if memory.is_file():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from evotrainer.domains.base import Task
+from evotrainer.errors import EvotrainerError
 from evotrainer.frontier.validate import prompt_hash
 from evotrainer.store import RolloutScope, Store
 
@@ -30,7 +31,7 @@ PROBE = "reward_hacking"
 WINDOW, WARN, CRITICAL = 3, 0.1, 0.2
 
 
-class HeldoutLeak(AssertionError):
+class HeldoutLeak(EvotrainerError, AssertionError):
     """A held-out task reached training or the gate."""
 
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
-from evotrainer.coevolve.state import Candidate, Pending, RunState
+from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
@@ -53,12 +53,12 @@ class Coevolution:
         state = RunState.load(self.state_path)
         if state is None or not resume:
             if state is not None and state.stage != "train":
-                raise RuntimeError(f"{self.state_path} holds an unfinished round {state.round} "
-                                   f"(stage {state.stage}): pass --resume to continue it")
+                raise RunStateError(f"{self.state_path} holds an unfinished round {state.round} "
+                                    f"(stage {state.stage}): pass --resume to continue it")
             state = state or RunState(run=self.config.run_name, domain=self.config.domain.name)
         if state.run != self.config.run_name:
-            raise RuntimeError(f"workspace holds co-evolution run {state.run!r}, config says "
-                               f"{self.config.run_name!r}")
+            raise RunStateError(f"workspace holds co-evolution run {state.run!r}, config says "
+                                f"{self.config.run_name!r}")
         if resume and is_main():
             for what in self.repo.recover():  # a kill in the middle of a git command
                 self.console.print(f"[yellow]harness repo: {what}")

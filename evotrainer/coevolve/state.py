@@ -11,9 +11,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evotrainer.errors import UserError
 from evotrainer.jsonfile import write_json
 
 STAGES = ("train", "verify", "diagnose", "propose", "backtest", "promote", "done")
+
+
+class RunStateError(UserError, RuntimeError):
+    """The workspace's run does not fit the command: an unfinished round without --resume,
+    another run's state, a finished round the control arm needs that the store lacks."""
 
 
 @dataclass

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 from evotrainer.api import Outcome
 from evotrainer.domains import code_plain
 from evotrainer.domains.code_tests import RAISED, Plan, convert, holds
+from evotrainer.errors import EvotrainerError
 
 _CODEC = Path(code_plain.__file__).read_text(encoding="utf-8")
 _RECORD_CACHE_MAX = 4096
@@ -158,7 +159,7 @@ _main()
 '''
 
 
-class _Failed(Exception):
+class _Failed(EvotrainerError):
     """A sandboxed run that gave no usable report; `outcome` says how it ended."""
 
     def __init__(self, outcome: Outcome) -> None:

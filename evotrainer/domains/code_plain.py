@@ -19,7 +19,7 @@ ENCODE_DEPTH = 64  # deeper values (or cycles) are not plain answers
 _SEQ_TAGS = {"l": list, "t": tuple, "S": set, "F": frozenset}
 
 
-class Unencodable(Exception):
+class Unencodable(Exception):  # not EvotrainerError: this source runs where evotrainer is not importable
     """The value is not plain data (an unsupported type, too deep, a cycle)."""
 
 

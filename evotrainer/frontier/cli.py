@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+
 from evotrainer.console import make_console
+from evotrainer.errors import UserError
 
 console = make_console(stderr=True)
 
@@ -41,17 +43,14 @@ def frontier_cmd(
 
     lo_hi = _band(band)
     if domain not in ("math", "code"):
-        console.print(f"[red]domain {domain!r}: frontier variants exist for math and code "
-                      "(SWE: evotrainer.frontier.swe.synthesize_swe_frontier)")
-        raise typer.Exit(2)
+        raise UserError(f"domain {domain!r}: frontier variants exist for math and code "
+                        "(SWE: evotrainer.frontier.swe.synthesize_swe_frontier)")
     if not (workdir / "store.db").is_file():
-        console.print(f"[red]{workdir}: no store.db (train first, or pass the workspace)")
-        raise typer.Exit(2)
+        raise UserError(f"{workdir}: no store.db (train first, or pass the workspace)")
     with Store.open(workdir) as store:
         run_id = store.run_id(run) if run else None
         if run and run_id is None:
-            console.print(f"[red]no run named {run!r} in {workdir}")
-            raise typer.Exit(2)
+            raise UserError(f"no run named {run!r} in {workdir}")
         with console.status("synthesizing and validating variants"):
             report = synthesize_frontier(store, domain, band=lo_hi, n=n, seed=seed, run_id=run_id,
                                          min_attempts=min_attempts)

@@ -15,9 +15,10 @@ import re
 from evotrainer.domains import code as code_domain
 from evotrainer.domains import math as math_domain
 from evotrainer.domains.base import Task
+from evotrainer.errors import EvotrainerError
 
 
-class NoVariant(ValueError):
+class NoVariant(EvotrainerError, ValueError):
     """The parent task cannot be varied (e.g. a task imported from a JSONL file)."""
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from evotrainer.grade.cache import patch_digest
 from evotrainer.grade.grader import grade
-from evotrainer.grade.tasks import SweTask, load_predictions, load_tasks
+from evotrainer.grade.swe_tasks import SweTask, load_predictions, load_tasks
 
 Key = tuple[str, str]  # (instance_id, patch digest)
 Job = tuple[SweTask, str, float, str | None]  # (task, patch, timeout_s, cache_dir)

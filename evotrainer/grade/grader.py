@@ -48,9 +48,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from evotrainer.api import Outcome
+from evotrainer.errors import UserError
 from evotrainer.grade.cache import GradeCache
 from evotrainer.grade.patch import FilePatch, PatchError, UnsafePathError, apply_patch, parse_patch
-from evotrainer.grade.tasks import SweTask
+from evotrainer.grade.swe_tasks import SweTask
 from evotrainer.sandbox import SandboxError, run_sandboxed
 
 GRADER_VERSION = "2"  # 2: vendored imports refused
@@ -97,7 +98,7 @@ class GradeResult:
                    data.get("exit_code"))
 
 
-class GradeError(RuntimeError):
+class GradeError(UserError, RuntimeError):
     """The task itself is broken (its test_patch does not apply, its repo is missing)."""
 
 

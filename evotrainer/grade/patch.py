@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping
 
+from evotrainer.errors import EvotrainerError
+
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _DIFF_GIT = re.compile(r"^diff --git (\S+|\"[^\"]*\") (\S+|\"[^\"]*\")\s*$")
 _FILE_HEADERS = ("diff --git ", "--- ", "+++ ")
 
 
-class PatchError(ValueError):
+class PatchError(EvotrainerError, ValueError):
     """The patch cannot be parsed or does not apply."""
 
 

@@ -25,6 +25,7 @@ from typing import Mapping
 
 import git
 
+from evotrainer.errors import UserError
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HARNESS_FILES, SPEC_FILE, HarnessError, _needs
 from evotrainer.harness.trusted_git import GUARD_FILE, MainGuard, RefMovedError, check_config, safe_env
@@ -41,7 +42,7 @@ _BACKTEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _LOG_FORMAT = "%H%x1f%P%x1f%an%x1f%aI%x1f%D%x1f%s%x1f%b%x1f%(trailers:only,unfold)%x1e"
 
 
-class HarnessRepoError(ValueError):
+class HarnessRepoError(UserError, ValueError):
     """A request the harness repo cannot honour: unknown revision, refused edit, merge conflict..."""
 
 

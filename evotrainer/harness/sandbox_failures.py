@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from evotrainer.errors import SandboxError, UserError
 from evotrainer.harness.redact import redact
 
 
-class CandidateFailure(Exception):
+class CandidateFailure(UserError):
     """A harness fault that rejects that harness (not the run); `harness` is its label.
 
     The reason is redacted as it is made (evotrainer.harness.redact): it is text harness code
@@ -26,6 +27,4 @@ class CandidateFailure(Exception):
         return f"{self.harness} harness: {self.reason}"
 
 
-class SandboxError(RuntimeError):
-    """A fault of our own side before any harness code ran (a worker that cannot start or open
-    its job); carries the worker traceback."""
+__all__ = ["CandidateFailure", "SandboxError"]

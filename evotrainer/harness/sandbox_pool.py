@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Protocol, Sequence
 
+from evotrainer.errors import EvotrainerError
 from evotrainer.harness.sandbox_failures import CandidateFailure, SandboxError
 from evotrainer.harness.sandbox_launch import INSIDE, SandboxedProcess, isolated
 from evotrainer.harness.sandbox_worker import (
@@ -53,7 +54,7 @@ class WorkerJob(Protocol):
 # ---------------------------------------------------------------- in the parent
 
 
-class _Corrupt(Exception):
+class _Corrupt(EvotrainerError):
     """What came back on a worker's pipe is not a message the worker code sends."""
 
 

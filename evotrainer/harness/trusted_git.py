@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+from evotrainer.errors import UserError
 from evotrainer.jsonfile import write_json
 
 # Settings that would start a program (or read files we do not choose) during the commands we
@@ -57,11 +58,11 @@ _ALLOWED_KEYS = (
 _ALLOWED = re.compile("|".join(f"(?:{k})" for k in _ALLOWED_KEYS), re.IGNORECASE)
 
 
-class UnsafeRepoError(RuntimeError):
+class UnsafeRepoError(UserError, RuntimeError):
     """The harness repo holds git settings or layout that could run code; names the file and key."""
 
 
-class RefMovedError(RuntimeError):
+class RefMovedError(UserError, RuntimeError):
     """A ref we guard moved by something other than our own promote or revert."""
 
     def __init__(self, ref: str, expected: str, found: str | None, guard: Path):

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from evotrainer.chat import llm_endpoint, openai_client
+from evotrainer.chat import EndpointError, llm_endpoint, openai_client
 from evotrainer.config import JudgeConfig
-
-
-class JudgeEndpointError(RuntimeError):
-    """The judge endpoint could not be reached or refused the request (after the SDK's retries)."""
 
 
 class JudgeBackend(Protocol):
@@ -57,8 +53,8 @@ class OpenAIBackend:
             response = self.client.chat.completions.create(model=self.model, messages=messages,
                                                            temperature=temperature, max_tokens=max_tokens)
         except openai.OpenAIError as exc:
-            raise JudgeEndpointError(f"judge: chat completion at {self.base_url or 'the OpenAI API'} "
-                                     f"failed: {exc}") from exc
+            raise EndpointError(f"judge: chat completion at {self.base_url or 'the OpenAI API'} "
+                                f"failed: {exc}") from exc
         if not response.choices:
             return ""
         return response.choices[0].message.content or ""
@@ -90,5 +86,5 @@ class HFBackend:
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-__all__ = ["BACKENDS", "HFBackend", "JudgeBackend", "JudgeEndpointError", "OpenAIBackend", "make_backend",
+__all__ = ["BACKENDS", "HFBackend", "JudgeBackend", "OpenAIBackend", "make_backend",
            "register_backend"]

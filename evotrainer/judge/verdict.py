@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer.chat import reply_json
+from evotrainer.chat import ReplyError, reply_json
 
 STEP_LABELS = ("GOOD", "BAD")
 
 
-class VerdictError(ValueError):
+class VerdictError(ReplyError):
     """A reply that is not a valid verdict; the message goes back to the judge on a retry."""
 
 

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import platformdirs
 
+from evotrainer.errors import UserError
+
 EMBEDDED_NAME = "embedded:smollm2-135m"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EXPECTED_EOS = "<|im_end|>"
 
 
-class PolicyError(RuntimeError):
+class PolicyError(UserError, RuntimeError):
     """The policy model cannot be located or prepared."""
 
 

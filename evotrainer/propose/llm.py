@@ -22,7 +22,8 @@ from typing import Any, Mapping, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
-from evotrainer.chat import llm_endpoint, openai_client, reply_json
+from evotrainer.chat import EndpointError, ReplyError, llm_endpoint, openai_client, reply_json
+from evotrainer.errors import EvotrainerError
 from evotrainer.harness.loader import (CODE_FILES, GRPO_KEYS, HARNESS_FILES, SPEC_FILE, HarnessError,
                                        check_imports, parse_spec)
 from evotrainer.harness.sandbox import ALLOWED_MODULES, CandidateFailure, SandboxLimits, SandboxPool
@@ -36,16 +37,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 
 
-class ReplyError(ValueError):
-    """A reply (or one proposal in it) the agent cannot use; the message goes back to the model."""
-
-
-class Refused(ValueError):
+class Refused(EvotrainerError, ValueError):
     """A proposal that edits a file outside the harness root: dropped, never retried or applied."""
-
-
-class LLMEndpointError(RuntimeError):
-    """The endpoint could not be reached or rejected the request (after the SDK's own retries)."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +287,7 @@ class LLMAgent:
                 model=self.model, messages=messages, temperature=self.temperature, **extra)
         except openai.OpenAIError as exc:
             where = self.base_url or "the OpenAI API"
-            raise LLMEndpointError(f"llm agent: chat completion at {where} failed: {exc}") from exc
+            raise EndpointError(f"llm agent: chat completion at {where} failed: {exc}") from exc
         if not response.choices:
             return "", None
         choice = response.choices[0]

@@ -18,6 +18,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 
 from evotrainer.coevolve.state import RunState
+from evotrainer.errors import UserError
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.report import gather
 from evotrainer.report.charts import Histogram, Marker, Series, histogram_chart, line_chart
@@ -30,7 +31,7 @@ PAGES = (("index.html", "Overview"), ("lineage.html", "Harness lineage"), ("back
 SUCCESS, FAILURE = "#2ca02c", "#d62728"
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A workspace the report cannot be built from; the message names the folder."""
 
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from evotrainer.errors import SandboxError
 from evotrainer.sandbox.launcher import (
     PATH,
     _feed,
@@ -105,10 +106,6 @@ class SandboxResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out and self.launch_error is None
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (not the command): a missing src, an unwritable temp dir."""
 
 
 # ---------------------------------------------------------------- isolation support on this machine

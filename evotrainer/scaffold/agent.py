@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.errors import EvotrainerError
 from evotrainer.grade import SweTask, make_patch
 from evotrainer.sandbox import run_sandboxed
 from evotrainer.scaffold.edit import Edit, EditApplyError, EditFormatError, apply_edit, parse_edits, safe_path
@@ -46,11 +47,11 @@ _env = Environment(loader=FileSystemLoader(str(Path(__file__).with_name("templat
                    undefined=StrictUndefined, keep_trailing_newline=False)
 
 
-class FormatError(ValueError):
+class FormatError(EvotrainerError, ValueError):
     """A reply without exactly one valid action."""
 
 
-class ContextLimit(Exception):
+class ContextLimit(EvotrainerError):
     """Raised by a policy that cannot reply because the conversation no longer fits its context."""
 
 

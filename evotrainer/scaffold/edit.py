@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Callable, Mapping, Sequence
 
+from evotrainer.errors import EvotrainerError
 from evotrainer.grade import make_patch
 
 _SEARCH = re.compile(r"^\s*<{5,9}\s*SEARCH\s*$")
@@ -38,11 +39,11 @@ class Edit:
     replace: str
 
 
-class EditFormatError(ValueError):
+class EditFormatError(EvotrainerError, ValueError):
     """The text holds no well-formed SEARCH/REPLACE block."""
 
 
-class EditApplyError(ValueError):
+class EditApplyError(EvotrainerError, ValueError):
     """A block does not apply: its file is missing, its SEARCH text is not found, or its path is unsafe."""
 
     def __init__(self, message: str, reason: str = "search_not_found") -> None:

@@ -20,6 +20,7 @@ import yaml
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
+from evotrainer.errors import EvotrainerError, UserError
 from evotrainer.harness.loader import SPEC_FILE
 from evotrainer.paths import SKILLS_DIR
 from evotrainer.skills import schema
@@ -30,7 +31,7 @@ OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a <
 EVIDENCE_KEYS = ("run", "round", "backtest", "commit", "domain", "note", "params", "metrics")
 
 
-class SkillError(ValueError):
+class SkillError(UserError, ValueError):
     """A skill that cannot be parsed or rendered; the message names the skill and the field."""
 
 
@@ -206,7 +207,7 @@ def _render_value(env: SandboxedEnvironment, value: Any, context: Mapping[str, A
 # ---------------------------------------------------------------- YAML key edits
 
 
-class _Unsupported(Exception):
+class _Unsupported(EvotrainerError):
     pass
 
 

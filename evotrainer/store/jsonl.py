@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TextIO
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from evotrainer.api import rollout_from_dict, rollout_to_dict
+from evotrainer.errors import EvotrainerError, UserError
 from evotrainer.store import line_checks
 from evotrainer.store.store import Store, StoredRollout
 
@@ -29,7 +30,7 @@ class ImportSummary:
     skipped: list[tuple[int, str]]
 
 
-class ImportErrors(Exception):
+class ImportErrors(UserError):
     """A JSONL file had bad lines and nothing was stored; `errors` holds (line, message)."""
 
     def __init__(self, errors: list[tuple[int, str]]):
@@ -37,7 +38,7 @@ class ImportErrors(Exception):
         super().__init__(f"{len(errors)} bad line(s); first: line {errors[0][0]}: {errors[0][1]}")
 
 
-class ImportRefused(Exception):
+class ImportRefused(EvotrainerError):
     """The database refused the import; its transaction rolled back, so nothing was stored.
 
     `kind` and `message` are the driver's error class and the first line of its message: never

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from evotrainer.grade import PatchError, SweTask, apply_patch, parse_patch, task_from_dict, write_tasks
-from evotrainer.grade.tasks import repo_base
+from evotrainer.grade.swe_tasks import repo_base
 
 
 def _resolve_repo(row: dict, base: Path, repo_root: Path | None) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 from evotrainer.grade import SweTask, apply_patch
+from evotrainer.grade.packs import swe_cache
 
 # Never copied into a snapshot: VCS history (no peeking at future commits), caches, builds.
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj", "__pycache__", ".pytest_cache",
@@ -112,8 +113,6 @@ def cache_root() -> Path:
     env = os.environ.get("EVOTRAINER_SWE_CACHE")
     if env:
         return Path(env)
-    from evotrainer.tasks.sources import swe_cache
-
     return swe_cache() / "buggy"
 
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from evotrainer.errors import UserError
 from evotrainer.grade import Grader, is_test_path, make_patch, task_from_dict
 from evotrainer.grade.grader import junit_key, parse_junit
 from evotrainer.sandbox import run_sandboxed
@@ -41,6 +42,11 @@ TEMPLATES = Path(__file__).with_name("templates")
 LEVELS = (0, 1, 2)
 SKIP_SOURCE_DIRS = frozenset({"docs", "doc", "examples", "example", "benchmarks", "bench", "scripts", "tools"})
 SKIP_SOURCE_FILES = frozenset({"setup.py", "conftest.py", "__main__.py", "_version.py", "version.py", "noxfile.py"})
+
+
+class SynthError(UserError, RuntimeError):
+    """The repo's own test suite cannot be the oracle: nothing collected, no clean baseline run,
+    no test passing before any mutation."""
 
 
 @dataclass
@@ -95,7 +101,7 @@ def collect(repo: Path, test_files: Sequence[str], timeout_s: float) -> list[str
                        timeout_s=timeout_s, env_extra=_ENV, **_LIMITS)
     ids = [ln.strip() for ln in sb.stdout.splitlines() if "::" in ln and not ln.startswith(("=", " "))]
     if not ids:
-        raise RuntimeError(f"no tests collected in {repo}:\n{sb.stdout[-2000:]}\n{sb.stderr[-2000:]}")
+        raise SynthError(f"no tests collected in {repo}:\n{sb.stdout[-2000:]}\n{sb.stderr[-2000:]}")
     return ids
 
 
@@ -151,7 +157,7 @@ def baseline(repo: Path, ids: Sequence[str], test_files: Sequence[str], timeout_
             break
         dropped.append(started[-1])
         say(f"baseline: {started[-1]} kills the run (limits {_LIMITS}); deselected")
-    raise RuntimeError(f"{repo}: the baseline test run did not finish:\n{run.log}")
+    raise SynthError(f"{repo}: the baseline test run did not finish:\n{run.log}")
 
 
 # ---------------------------------------------------------------- which tests are relevant
@@ -384,7 +390,7 @@ def synthesize(repo: Path | str, out: Path | str, opts: SynthOptions, snapshot: 
     passing = sum(s == "passed" for s in base_status.values())
     say(f"baseline: {len(ids)} tests, {passing} pass")
     if not passing:
-        raise RuntimeError(f"{repo}: no test passes before any mutation:\n{base_run.log}")
+        raise SynthError(f"{repo}: no test passes before any mutation:\n{base_run.log}")
     index = _TestIndex.build(root, ids, dropped)
 
     texts = {rel: (root / rel).read_text(encoding="utf-8") for rel in sources}

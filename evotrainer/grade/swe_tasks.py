@@ -6,7 +6,7 @@ One line per task, with SWE-bench's field names: `instance_id`, `repo`, `base_co
 imported SWE-bench lines). Other SWE-bench fields (`version`, `hints_text`, ...) are kept in
 `extra`. Differences from SWE-bench: `repo` is a local folder (absolute, or relative to the task
 file's folder; in a task pack, a folder with `sources.json`, relative to the pack's fetched
-snapshot store, see evotrainer/tasks/sources.py) holding the repository at the buggy state, or,
+snapshot store, see packs.py) holding the repository at the buggy state, or,
 when the line has a `bug_patch`, the clean repository that `bug_patch` turns into the buggy state
 (the grader applies it); and `FAIL_TO_PASS`/`PASS_TO_PASS` may be lists or JSON-encoded lists
 (SWE-bench ships both).
@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from evotrainer.grade.packs import is_pack, pack_repo_base, swe_cache
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
           "problem_statement", "level")
@@ -119,18 +121,14 @@ def repo_base(path: Path, *, check_repo: bool = True) -> tuple[Path, tuple[Path,
     file: the pack's fetched snapshot store and the SWE cache (ValueError naming the fetch command
     when the pack's sources are not fetched and `check_repo`).
     """
-    from evotrainer.tasks import sources  # imported on use: the grader needs it for packs only
-
     folder = path.parent.resolve()
-    if sources.is_pack(folder):
-        return sources.pack_repo_base(folder, path.name, require=check_repo)
+    if is_pack(folder):
+        return pack_repo_base(folder, path.name, require=check_repo)
     return folder, (folder,)
 
 
 def _hide(task: SweTask, base_hide: tuple[Path, ...]) -> tuple[Path, ...]:
     """The base folder's hide paths for a relative `repo`; the SWE cache for any repo inside it."""
-    from evotrainer.tasks.sources import swe_cache
-
     hide = () if Path(task.repo).expanduser().is_absolute() else base_hide
     cache = swe_cache().resolve()
     if cache == task.root or cache in task.root.parents:
