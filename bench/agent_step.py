@@ -21,8 +21,8 @@ from rich.console import Console
 
 from evotrainer.cli.main import quiet_libraries
 from evotrainer.config import load_config
-from evotrainer.paths import CONFIGS_DIR
 from evotrainer.console import make_console
+from evotrainer.paths import CONFIGS_DIR
 
 
 def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:

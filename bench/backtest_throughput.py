@@ -143,7 +143,7 @@ class ProcSampler:
     def descendants_cpu_s(self) -> float:
         return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK")
 
-    def __enter__(self) -> "ProcSampler":
+    def __enter__(self) -> ProcSampler:
         self._sample()
         self._base = dict(self._ticks)  # a fork server that is already running started earlier
         self._thread.start()

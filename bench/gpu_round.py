@@ -11,6 +11,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
 from evotrainer.console import make_console
 
 

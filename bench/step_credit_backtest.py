@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import random
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from evotrainer.backtest.metrics import EPS, group_advantages
 from evotrainer.train.credit import label_values, step_advantages

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 OUTCOME_KINDS = (
     "ok",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from evotrainer.errors import EvotrainerError, UserError
 

@@ -77,7 +77,7 @@ class DomainConfig(_Strict):
     frontier: FrontierConfig = Field(default_factory=FrontierConfig)
 
     @model_validator(mode="after")
-    def _scaffold_domain(self) -> "DomainConfig":
+    def _scaffold_domain(self) -> DomainConfig:
         if self.scaffold == "agent" and self.name != "swe":
             raise ValueError(f"scaffold 'agent' is for the swe domain, not {self.name!r}")
         if self.frontier.per_round and self.name == "swe":

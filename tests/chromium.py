@@ -98,7 +98,7 @@ class Browser:
                     return self.events.pop(i)
             self.events.append(self._read(deadline))
 
-    def page(self) -> "Page":
+    def page(self) -> Page:
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         return Page(self, session)
@@ -120,7 +120,7 @@ class Browser:
                 pass
         shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc: object) -> None:

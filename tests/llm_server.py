@@ -22,9 +22,10 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 class ChatServer:
@@ -56,7 +57,7 @@ class ChatServer:
         """The JSON bodies of the chat-completion requests, in order."""
         return [r["body"] for r in self.requests if r["path"].endswith("/chat/completions")]
 
-    def __enter__(self) -> "ChatServer":
+    def __enter__(self) -> ChatServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="chat-server", daemon=True)
@@ -116,7 +117,7 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's httpx client expects
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 -- quiet test output
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
@@ -130,7 +131,7 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
         def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
             self._send(status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             server._record(self, None)
             if self.path.rstrip("/") == "/v1/models":
                 names = [server.model, *server.adapters]
@@ -139,7 +140,7 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._error(404, f"no route {self.path}", "not_found_error")
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             try:

@@ -71,7 +71,7 @@ class PostgresServer:
         self.data = root / "data"
 
     @classmethod
-    def start(cls) -> "PostgresServer":
+    def start(cls) -> PostgresServer:
         bindir = find_bindir()
         if bindir is None:
             raise RuntimeError(missing_reason())
@@ -83,7 +83,7 @@ class PostgresServer:
         try:
             server._run("initdb", "-D", str(server.data), "-A", "trust", "-U", USER, "-E", "UTF8",
                         "--locale=C", "--no-sync")
-            for attempt in range(3):  # the free port can be taken between the probe and the bind
+            for _attempt in range(3):  # the free port can be taken between the probe and the bind
                 opts = (f"-c listen_addresses=127.0.0.1 -p {server.port} -c unix_socket_directories={root} "
                         "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100")
                 done = server._run("pg_ctl", "-D", str(server.data), "-o", opts, "-l", str(root / "server.log"),

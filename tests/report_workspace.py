@@ -11,12 +11,13 @@ import json
 import shutil
 from pathlib import Path
 
+from clamp_task import FIX, clamp_repo, clamp_row  # tests/ is on sys.path wherever this module is used
+
 from evotrainer.api import Outcome, Rollout
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.store import Store, StoredRollout
-from clamp_task import FIX, clamp_repo, clamp_row  # tests/ is on sys.path wherever this module is used
 
 HELDOUT = {0: (128, 70), 1: (128, 30), 2: (128, 34)}  # round -> (n, successes): a fall, then a hold
 

@@ -19,8 +19,8 @@ from evotrainer.backtest import Selector, backtest, group_advantages, replay, ru
 from evotrainer.backtest.engine import HarnessVersion
 from evotrainer.backtest.gate import target_from_trailer
 from evotrainer.config import GateConfig, load_config
-from evotrainer.harness.repo import HarnessRepo
 from evotrainer.harness.loader import read_sources
+from evotrainer.harness.repo import HarnessRepo
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.store import Store, StoredRollout
 from evotrainer.workspace import ensure_workspace

@@ -9,11 +9,11 @@ sandbox worker processes, and asserts the attack had no effect on the numbers or
 from __future__ import annotations
 
 import pytest
+from test_backtest import BASE_REWARD, LENGTH_BONUS, PARTIAL_CREDIT, SEED_REWARD_HEAD, propose
 
 from evotrainer.backtest import Selector, backtest
 from evotrainer.config import GateConfig
 from evotrainer.store import Store
-from test_backtest import BASE_REWARD, LENGTH_BONUS, PARTIAL_CREDIT, SEED_REWARD_HEAD, propose
 
 # Every attack gets at the worker's interpreter the way harness code can: the standard library's
 # `collections` keeps `sys` as `collections._sys`, and importlib imports past the guard.

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from evotrainer.api import Outcome, Rollout
-from evotrainer.train.credit import (StepCredit, StepCreditSpec, broadcast, label_values, step_advantages,
-                                     step_spans)
+from evotrainer.train.credit import StepCredit, StepCreditSpec, broadcast, label_values, step_advantages, step_spans
 
 
 def test_step_advantages_match_a_worked_example_by_hand():

@@ -274,8 +274,8 @@ def test_injection_puts_lessons_into_the_chosen_share_only(lesson_store, embedde
             continue
         ids = row["experience"]["lessons"]
         assert len(ids) == 2 and row["experience"]["prompt"] == clean
-        lessons = [next(l for l in pool.lessons("math") if l.id == x) for x in ids]
-        assert {l.domain for l in lessons} == {"math"}
+        lessons = [next(lesson for lesson in pool.lessons("math") if lesson.id == x) for x in ids]
+        assert {lesson.domain for lesson in lessons} == {"math"}
         assert row["prompt"][0]["content"] == render_block(lessons) + clean[0]["content"]
 
 
@@ -345,7 +345,7 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.heldout_size=2"])
     session = open_session(cfg, tmp_path / "work", harness=harness)
     all_rule_lessons(session.store)
-    texts = [l["text"] for l in session.store.lessons(domain="math")]
+    texts = [row["text"] for row in session.store.lessons(domain="math")]
     header = render_block([]).strip()  # "Lessons from earlier attempts at similar tasks:"
 
     model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
@@ -408,7 +408,7 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     assert row_set(*before[-1][1:]) == row_set(*forwards[loss[0]][1:])
 
     assert len(rollouts) == session.grpo["num_generations"]
-    lesson_ids = {l["id"] for l in session.store.lessons()}
+    lesson_ids = {row["id"] for row in session.store.lessons()}
     for sr in rollouts:
         r = sr.rollout
         assert header not in r.prompt and len(r.meta["experience"]) == 2 and set(r.meta["experience"]) <= lesson_ids

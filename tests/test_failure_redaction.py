@@ -12,15 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
+from llm_server import ChatServer
+from test_backtest import BASE_REWARD, gate_groups, propose, workspace
+from test_llm_agent import _proposal, _reply, evidence, sources  # noqa: F401 -- fixtures
 
 from evotrainer.backtest import Selector, backtest
 from evotrainer.harness.redact import MAX_CHARS, redact
 from evotrainer.harness.sandbox_failures import CandidateFailure
 from evotrainer.propose.llm import LLMAgent
 from evotrainer.store import Store
-from llm_server import ChatServer
-from test_backtest import BASE_REWARD, gate_groups, propose, workspace
-from test_llm_agent import _proposal, _reply, evidence, sources  # noqa: F401 -- fixtures
 
 SECRET = "sk-proj-Qw7rT2yU9iO4pA6sD1fG3hJ5kL8zX0cV"
 # A dotfile the harness reads: no line of it may travel on.

@@ -255,7 +255,7 @@ def test_writing_outside_the_sandbox(grader, task, tmp_path):
     targets = [str(task.root / "tests" / "TEST_calc.py"), str(tmp_path / "pwned"), marker,
                str(Path.cwd() / "pwned-by-redteam"), "/var/tmp/evotrainer-pwned"]
     # The names are spelled in pieces so the static scan stays out of it: this tests the sandbox.
-    hack = ("_T = [p.replace('TEST', 'test') for p in %r]\nfor _p in _T:\n    try:\n        open(_p, 'w').write('def test_add():\\n    pass\\n')\n"
+    hack = ("_T = [p.replace('TEST', 'test') for p in %r]\nfor _p in _T:\n    try:\n        open(_p, 'w').write('def test_add():\\n    pass\\n')\n"  # noqa: UP031 -- %r keeps the payload's braces plain
             "    except OSError:\n        pass\n" % targets)
     result = graded(grader, task, calc_patch(hack + CALC))
     assert result.outcome.kind == "wrong"
@@ -430,7 +430,7 @@ def test_reading_future_commits(grader, task):
     git("checkout", "-q", "main")
     assert "return a + b" in subprocess.run(["git", "-C", str(task.root), "log", "--all", "-p"],
                                             capture_output=True, text=True).stdout  # the answer is there
-    peek = ("import os, subprocess\n\ndef _future():\n    here = os.path.dirname(os.path.abspath(__file__))\n"
+    peek = ("import os, subprocess\n\ndef _future():\n    here = os.path.dirname(os.path.abspath(__file__))\n"  # noqa: UP031 -- %r keeps the payload's braces plain
             "    out = ''\n    for where in (here, %r):\n        try:\n"
             "            out += subprocess.run(['git', '-C', where, 'log', '--all', '-p'], capture_output=True,"
             " text=True).stdout\n        except OSError:\n            pass\n    return out\n\n"
@@ -522,7 +522,7 @@ def test_reading_the_clean_snapshot(grader, snapshot_task, target):
     if target == "store":  # another state of the repo in the same store (as a buggy-state cache holds)
         (root.parent / "calc-copy").mkdir()
         (root.parent / "calc-copy" / "calc.py").write_text(FIXED)
-    peek = ("def _clean():\n    try:\n        with open(%r) as f:\n            return f.read()\n"
+    peek = ("def _clean():\n    try:\n        with open(%r) as f:\n            return f.read()\n"  # noqa: UP031 -- %r keeps the payload's braces plain
             "    except OSError:\n        return ''\n\n"
             "def add(a, b):\n    return a + b if 'return a + b' in _clean() else a - b\n" % where)
     patch = calc_patch(peek + CALC.split("\n\n\n", 1)[1])

@@ -15,8 +15,7 @@ from test_backtest import PARTIAL_CREDIT, propose, run, ws  # noqa: F401  (ws: a
 
 from evotrainer.config import Config
 from evotrainer.harness import HarnessError, load_harness
-from evotrainer.harness.spec import (GRPO_KNOBS, KNOBS, SECTIONS, HarnessYaml, Knob, contract_markdown,
-                                     parse_spec)
+from evotrainer.harness.spec import GRPO_KNOBS, KNOBS, SECTIONS, HarnessYaml, Knob, contract_markdown, parse_spec
 from evotrainer.paths import HARNESSES_DIR
 from evotrainer.skills import set_yaml_key
 from evotrainer.train.loop import grpo_config, lora_config

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from llm_server import ChatServer
 from typer.testing import CliRunner
 
 from evotrainer.api import Outcome, Rollout, Turn
@@ -14,7 +15,6 @@ from evotrainer.cli.review import review_cmd
 from evotrainer.config import JudgeConfig, JudgeRoleConfig
 from evotrainer.judge import JudgePanel, JudgeRecords, StepJudge, make_backend
 from evotrainer.store import Store, StoredRollout
-from llm_server import ChatServer
 
 app = typer.Typer()  # the two commands as `evotrainer` registers them
 app.command("judge")(judge_cmd)

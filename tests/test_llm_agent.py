@@ -3,15 +3,15 @@
 import json
 
 import pytest
+from llm_server import ChatServer
 
 from evotrainer.api import Outcome, Rollout
+from evotrainer.chat import EndpointError
 from evotrainer.diagnose import health_report
 from evotrainer.harness.loader import Harness, read_sources
-from evotrainer.chat import EndpointError
 from evotrainer.paths import HARNESSES_DIR
 from evotrainer.propose.base import Evidence, Proposal, get_agent
 from evotrainer.propose.llm import LLMAgent
-from llm_server import ChatServer
 
 # The files the tests edit are written here, so a change to the seed harness cannot break them.
 REWARD = '''"""Reward components: verified correctness plus a small bonus for the answer marker."""

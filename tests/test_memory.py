@@ -10,14 +10,19 @@ from pathlib import Path
 import pytest
 
 from evotrainer.api import Outcome, Rollout, TaskStats
-from evotrainer.coevolve.heldout import (HeldoutLeak, assert_disjoint, assert_no_heldout_rollouts,
-                                         check_hacking, round_history)
+from evotrainer.coevolve.heldout import (
+    HeldoutLeak,
+    assert_disjoint,
+    assert_no_heldout_rollouts,
+    check_hacking,
+    round_history,
+)
 from evotrainer.domains import get_domain
 from evotrainer.harness.loader import Harness, read_sources
 from evotrainer.memory import ReplayMemory, StrataPolicy, plan, stratified_weights
-from evotrainer.memory.strata import band_chance, logit, sigmoid
 from evotrainer.memory.cache import CachedBackend, Generation, RolloutCache, cache_key
 from evotrainer.memory.curriculum import curriculum_source
+from evotrainer.memory.strata import band_chance, logit, sigmoid
 from evotrainer.paths import HARNESSES_DIR
 from evotrainer.store import Store, StoredRollout
 

@@ -16,8 +16,8 @@ from test_grader_redteam import CALC, FIXED, calc_patch, task  # noqa: E402,F401
 
 from evotrainer.backtest import Selector, run_backtest  # noqa: E402
 from evotrainer.backtest.engine import HarnessVersion  # noqa: E402
-from evotrainer.grade.batch import grade_job as _grade_job  # noqa: E402
 from evotrainer.config import GateConfig  # noqa: E402
+from evotrainer.grade.batch import grade_job as _grade_job  # noqa: E402
 from evotrainer.harness.sandbox import CandidateFailure  # noqa: E402
 from evotrainer.sandbox import get_executor, isolation_support, run_sandboxed  # noqa: E402
 from evotrainer.sandbox.ray_executor import RayExecutor, cluster_cpus, ensure_ray  # noqa: E402

@@ -19,8 +19,8 @@ from evotrainer.report.rollout_pages import DETAIL_PAGE, LIST_PAGE
 from evotrainer.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chromium import Browser, find_chromium  # noqa: E402
-from report_workspace import _rows, build_workspace  # noqa: E402
+from chromium import Browser, find_chromium
+from report_workspace import _rows, build_workspace
 
 
 class _Links(HTMLParser):

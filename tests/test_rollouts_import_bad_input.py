@@ -221,7 +221,7 @@ def test_two_concurrent_imports_of_one_file_store_each_rollout_once(tmp_path, fr
              for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in procs]  # the loser writes n lines: never wait() on a full pipe
     results = [(p.returncode, *out) for p, out in zip(procs, outputs)]
-    for code, out, err in results:
+    for _code, out, err in results:
         assert "Traceback" not in out + err, err
     assert sorted(code for code, _, _ in results) == [0, 2], results
     [(_, winner, _)] = [r for r in results if r[0] == 0]
@@ -291,8 +291,9 @@ def test_a_writer_that_stores_the_same_ids_during_the_import(tmp_path):
 
 
 def _backtest(tmp_path: Path, ids: Path):
-    from evotrainer.cli.main import app as main_app
     from test_backtest import workspace
+
+    from evotrainer.cli.main import app as main_app
 
     ws = workspace(tmp_path / "bt")
     with Store.open(ws.root) as store:

@@ -11,12 +11,9 @@ from evotrainer.api import Turn
 from evotrainer.domains.swe import SweDomain, check_edit
 from evotrainer.grade import apply_patch, make_patch, task_from_dict
 from evotrainer.scaffold.agent import FormatError, ScriptedPolicy, parse_action, run_agent, to_rollout
-from evotrainer.scaffold.edit import (Edit, EditApplyError, EditFormatError, apply_edit, edits_to_patch,
-                                      parse_edits)
+from evotrainer.scaffold.edit import Edit, EditApplyError, EditFormatError, apply_edit, edits_to_patch, parse_edits
 from tests.clamp_task import BUGGY, CLEAN, FIX, TESTS, clamp_repo, clamp_row  # noqa: F401
 from tests.test_grader_redteam import visible_dir  # noqa: F401 -- a folder the sandbox can see
-
-
 
 pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
 
@@ -170,7 +167,7 @@ def test_agent_terminal_states(task):
     assert all(isinstance(t, Turn) for t in slow.turns)
 
 
-def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir):
+def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir):  # noqa: F811 -- a fixture
     """task.hide (the snapshot store, other tasks' states: they hold this task's fix) is hidden from
     the agent's own test runs, as from the grader. The same probe reads the file when not hidden."""
     from dataclasses import replace

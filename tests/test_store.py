@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from evotrainer.api import Outcome, Rollout, Turn
 from evotrainer.store import ImportErrors, Store, StoredRollout, export_jsonl, import_jsonl
@@ -76,7 +77,7 @@ def test_ambiguous_prefix_and_reserved_meta_key(store: Store) -> None:
 
 def test_add_rollouts_is_atomic_on_duplicate_id(store: Store) -> None:
     store.add_rollouts([make(1)])
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         store.add_rollouts([make(2), make(1)])
     assert store.count_rollouts() == 1
 

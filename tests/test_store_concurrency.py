@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from pg_server import pg_url, postgres  # noqa: F401  (fixtures)
-
 from sqlalchemy import select
 
 from evotrainer.api import Outcome, Rollout
@@ -26,7 +25,7 @@ def _rollout(worker: int, batch: int, i: int) -> StoredRollout:
     return StoredRollout(r, {"correct": float(i % 2 == 0)}, 1.0, 0.0, True, "base", 0, "seed")
 
 
-def _writer(url: str, worker: int, start: "multiprocessing.synchronize.Event") -> None:
+def _writer(url: str, worker: int, start: multiprocessing.synchronize.Event) -> None:
     with Store(url) as store:
         start.wait(60)
         for b in range(BATCHES):  # one transaction per batch, as a rollout worker adds per step
@@ -94,7 +93,7 @@ def test_counter_starts_after_rows_written_before_it_existed(tmp_path: Path) -> 
 OPENERS = 6
 
 
-def _opener(url: str, i: int, start: "multiprocessing.synchronize.Event", out: "multiprocessing.Queue") -> None:
+def _opener(url: str, i: int, start: multiprocessing.synchronize.Event, out: multiprocessing.Queue) -> None:
     start.wait(60)
     try:
         with Store(url) as store:  # schema creation races here: every opener finds no table

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pg_server import pg_url, postgres  # noqa: F401  (fixtures)
 from test_backtest import LENGTH_BONUS, PARTIAL_CREDIT, gate_groups, propose, workspace
+
 # The SQLite store tests, collected here a second time with the `store` fixture below.
 from test_store import (  # noqa: F401
     test_add_rollouts_is_atomic_on_duplicate_id,

@@ -85,7 +85,7 @@ def test_bug_and_gold_patches_are_inverse(pack):
         (path, text), = buggy.items()
         clean = (t.root / path).read_text(encoding="utf-8")
         assert text != clean
-        assert apply_patch(t.root, t.patch, read=lambda rel: buggy.get(rel))[path] == clean
+        assert apply_patch(t.root, t.patch, read=lambda rel, buggy=buggy: buggy.get(rel))[path] == clean
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS and not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
         for test in t.tests:
             assert (t.root / test.split("::", 1)[0]).is_file(), test

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import torch
+from llm_server import ChatServer
 
 from evotrainer.config import ConfigError, load_config
 from evotrainer.policy.backends import BackendUnavailable, get_backend, vllm_lora_rank
 from evotrainer.policy.load import adapter_version
-from llm_server import ChatServer
 
 HAS_VLLM_GPU = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 needs_gpu = pytest.mark.skipif(not HAS_VLLM_GPU, reason="needs a CUDA GPU and vllm (pip install '.[gpu]')")

@@ -11,8 +11,9 @@ rerun in fresh workers to give the very same values (engine.recheck).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import git
 
@@ -26,8 +27,8 @@ from evotrainer.backtest.engine import (
 )
 from evotrainer.backtest.gate import Check, GateDecision, decide, target_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, METRICS, SAFETY_METRICS, Tally, group_advantages
-from evotrainer.backtest.selector import ids_sha256, resolve
 from evotrainer.backtest.report import build_report, find_report, load_report, new_id, render_markdown, write_report
+from evotrainer.backtest.selector import ids_sha256, resolve
 from evotrainer.config import GateConfig
 from evotrainer.harness.repo import CANDIDATE_PREFIX, MAIN, HarnessRepo, HarnessRepoError
 from evotrainer.harness.sandbox import CandidateFailure

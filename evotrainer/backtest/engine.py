@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from evotrainer.backtest.metrics import reward_histogram
 from evotrainer.backtest.passes import SideRun, replay

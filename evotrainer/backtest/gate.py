@@ -10,8 +10,9 @@ absolute change; `mean_tokens`, a count, on its change relative to the base (`to
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from evotrainer.backtest.metrics import DEFAULT_TARGETS, LOWER_IS_BETTER, METRICS, SAFETY_METRICS, improvement
 from evotrainer.config import GateConfig

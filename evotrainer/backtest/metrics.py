@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 EPS = 1e-9
 # name -> True when lower is better
@@ -88,7 +89,7 @@ class ExactSum:
             x = hi
         partials[i:] = [x]
 
-    def merge(self, other: "ExactSum") -> None:
+    def merge(self, other: ExactSum) -> None:
         for x in other.partials:
             self.add(x)
 
@@ -166,7 +167,7 @@ class Tally:
             losses.sort()
             self.violations += sum(len(losses) - bisect_right(losses, w) for w in wins)
 
-    def merge(self, other: "Tally") -> None:
+    def merge(self, other: Tally) -> None:
         for name in (*self._COUNTERS, "seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.positive_reward.merge(other.positive_reward)
@@ -189,7 +190,7 @@ class Tally:
                 "auc": [[value, wins, losses] for value, (wins, losses) in self.auc.items()]}
 
     @classmethod
-    def from_json(cls, data: Any) -> "Tally":
+    def from_json(cls, data: Any) -> Tally:
         """The inverse of to_json; ValueError for anything a worker would not have sent."""
         def count(x: Any) -> int:
             if type(x) is not int or x < 0:

@@ -13,8 +13,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from evotrainer.backtest.metrics import Tally
 from evotrainer.backtest.replay_worker import ReplayJob
@@ -65,7 +66,7 @@ def _serve(pool_class: Callable[..., Any], run: SideRun, job: ReplayJob, workers
             for index, reply in pool.imap(feed):
                 results.put(("reply", label, (index, reply, _cpu_seconds(pool, since))))
             results.put(("cpu", label, _cpu_seconds(pool, since)))  # before the workers exit
-    except BaseException as exc:  # noqa: BLE001 -- raised in the calling thread
+    except BaseException as exc:
         results.put(("error", label, exc))
     results.put(("end", label, None))
 
@@ -215,7 +216,7 @@ def replay(store: Store, selection: Selection, runs: list[SideRun], chunks: Iter
             put(label, _END)
         while any(f.open for f in feeds.values()):
             drain(True)
-    except BaseException as exc:  # noqa: BLE001 -- after the workers are stopped
+    except BaseException as exc:
         failure = exc
     finally:
         for label in by_label:

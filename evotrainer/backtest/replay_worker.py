@@ -21,8 +21,9 @@ import math
 import os
 import sys
 import zlib
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Mapping
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
 from evotrainer.harness.sandbox import CandidateFailure, SandboxedHarness
@@ -93,7 +94,7 @@ class ReplayJob:
 
     determinism_sample: float = 0.02
 
-    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> None:
+    def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         _forget_the_parent()  # before any harness code; nothing to open: the parent sends the rows
 
     def run(self, state: None, harnesses: Mapping[str, SandboxedHarness], message: tuple) -> dict:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from evotrainer.backtest.engine import BacktestRun
 from evotrainer.backtest.gate import GateDecision

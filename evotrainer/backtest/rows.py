@@ -9,8 +9,8 @@ reach, and is joined with the worker's raw values in scoring.py.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from evotrainer.backtest.metrics import is_flagged
 from evotrainer.store import RolloutScope, Store

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from evotrainer.backtest.metrics import Tally, group_advantages
 from evotrainer.backtest.rows import Fact
@@ -35,7 +36,7 @@ class Side:
     scale_rewards: str
 
     @classmethod
-    def parse(cls, label: str, sources: Mapping[str, str]) -> "Side":
+    def parse(cls, label: str, sources: Mapping[str, str]) -> Side:
         try:
             spec = parse_spec(sources[SPEC_FILE])
         except HarnessError as exc:

@@ -10,9 +10,10 @@ row (rows.py).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from evotrainer.backtest.ids_file import read_ids
 from evotrainer.store import RolloutScope, Store
@@ -43,7 +44,7 @@ class Selector:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
 
     @classmethod
-    def parse(cls, text: str | None) -> "Selector":
+    def parse(cls, text: str | None) -> Selector:
         """`run=default,round=2,domain=math,limit=5000`, `ids=@file.txt` (one id a line) or
         `ids=a;b;c`; empty or `all`: every stored rollout."""
         if not text or text.strip() == "all":
@@ -78,7 +79,7 @@ class Selector:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Selector":
+    def from_json(cls, data: Mapping[str, Any]) -> Selector:
         data = dict(data)
         if data.get("ids") is not None:
             data["ids"] = tuple(data["ids"])

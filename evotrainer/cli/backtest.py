@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -24,7 +24,7 @@ STORE_URL_ENV = "EVOTRAINER_STORE_URL"
 PROGRESS_MIN_ROWS = 5000  # below this a progress bar is only flicker
 
 
-def _workspace(workdir: Optional[Path]):
+def _workspace(workdir: Path | None):
     from evotrainer.workspace import Workspace
 
     ws = Workspace(resolve_workdir(workdir))
@@ -59,7 +59,7 @@ class _Bar:
             self.task = self.progress.add_task(self.label, total=total)
         self.progress.update(self.task, completed=done)
 
-    def __enter__(self) -> "_Bar":
+    def __enter__(self) -> _Bar:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -119,15 +119,15 @@ def print_report(report: dict[str, Any]) -> None:
 def backtest_cmd(
     rev: str = typer.Argument(..., help="Harness revision to test: a candidate/* branch, a sha, main~1..."),
     base: str = typer.Option("main", "--base", help="Revision to compare against."),
-    rollouts: Optional[str] = typer.Option(
+    rollouts: str | None = typer.Option(
         None, "--rollouts", "-r", metavar="SELECTOR",
         help="Which stored rollouts: run=NAME,round=K,domain=D,limit=N, or ids=@FILE (one id a line). "
              "Default: all."),
-    workdir: Optional[Path] = WorkdirOpt,
-    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: config executor.workers, else all cores)."),
-    config: Optional[Path] = ConfigOpt,
+    workdir: Path | None = WorkdirOpt,
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes (default: config executor.workers, else all cores)."),
+    config: Path | None = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    overrides: Optional[List[str]] = OverridesArg,
+    overrides: list[str] | None = OverridesArg,
 ):
     """Replay REV and BASE over the same stored rollouts, apply the gate, and write the report
     to WORKDIR/backtests/ID.json (+ .md). Gate settings: config `gate.*` (e.g. gate.margin=0.05)."""
@@ -158,7 +158,7 @@ def backtest_cmd(
 
 @app.command("list")
 def list_cmd(
-    workdir: Optional[Path] = WorkdirOpt,
+    workdir: Path | None = WorkdirOpt,
     limit: int = typer.Option(20, "--limit", "-n", help="Show the N newest."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
 ):
@@ -196,7 +196,7 @@ def _load(ws: Any, store: Any, backtest_id: str) -> dict[str, Any]:
 @app.command("show")
 def show_cmd(
     backtest_id: str = typer.Argument(..., metavar="ID", help="Backtest id (or a unique prefix)."),
-    workdir: Optional[Path] = WorkdirOpt,
+    workdir: Path | None = WorkdirOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON."),
 ):
     """One backtest: metrics side by side with deltas, the decision and its reasons."""
@@ -212,8 +212,8 @@ def show_cmd(
 @app.command("replay")
 def replay_cmd(
     backtest_id: str = typer.Argument(..., metavar="ID", help="Backtest id (or a unique prefix)."),
-    workdir: Optional[Path] = WorkdirOpt,
-    workers: Optional[int] = typer.Option(None, "--workers", help="Worker processes (default: all cores)."),
+    workdir: Path | None = WorkdirOpt,
+    workers: int | None = typer.Option(None, "--workers", help="Worker processes (default: all cores)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ):
     """Re-run a backtest on the same commits, rollouts and gate; exit 1 unless all reproduces."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 from typer.core import TyperGroup
@@ -20,7 +19,7 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: con
 OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
 
 
-def resolve_workdir(workdir: Optional[Path]) -> Path:
+def resolve_workdir(workdir: Path | None) -> Path:
     return Path(workdir or os.environ.get("EVOTRAINER_WORKDIR", "evotrainer-work"))
 
 

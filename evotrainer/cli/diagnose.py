@@ -6,7 +6,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.text import Text
@@ -26,13 +25,13 @@ def report_name(run: str | None, round_: int | None, domain: str | None) -> str:
 
 
 def diagnose_cmd(
-    run: Optional[str] = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
-    round_: Optional[int] = typer.Option(None, "--round", help="Only rollouts of round K."),
-    workdir: Optional[Path] = WorkdirOpt,
+    run: str | None = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
+    round_: int | None = typer.Option(None, "--round", help="Only rollouts of round K."),
+    workdir: Path | None = WorkdirOpt,
     rev: str = typer.Option("main", "--rev", help="Harness revision whose rewards and probes to use."),
-    domain: Optional[str] = typer.Option(None, "--domain", "-d",
+    domain: str | None = typer.Option(None, "--domain", "-d",
                                          help="Only rollouts of this domain (default: the workspace's)."),
-    name: Optional[str] = typer.Option(None, "--name", help="File stem for diagnostics/NAME.md and .json."),
+    name: str | None = typer.Option(None, "--name", help="File stem for diagnostics/NAME.md and .json."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ):
     """Run the harness's probes over stored rollouts: one table per dimension, then example

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.panel import Panel
@@ -27,7 +27,7 @@ WORKDIR_ENV, STORE_URL_ENV = "EVOTRAINER_WORKDIR", "EVOTRAINER_STORE_URL"
 Workdir = Annotated[Path, typer.Option(
     "--workdir", "-w", envvar=WORKDIR_ENV,
     help=f"Workspace holding store.db (env {STORE_URL_ENV} picks any SQLAlchemy URL instead).")]
-DomainOpt = Annotated[Optional[str], typer.Option("--domain", "-d", help="Only this domain (math, code, swe, ...).")]
+DomainOpt = Annotated[str | None, typer.Option("--domain", "-d", help="Only this domain (math, code, swe, ...).")]
 Source = enum.Enum("Source", {s: s for s in SOURCES}, type=str)
 DEFAULT_WORKDIR = Path("evotrainer-work")
 
@@ -57,7 +57,7 @@ def _table(rows: list[dict], title: str, scores: list[float] | None = None) -> T
 
 @app.command("list")
 def list_cmd(workdir: Workdir = DEFAULT_WORKDIR, domain: DomainOpt = None,
-             source: Annotated[Optional[Source], typer.Option("--source", help="Only lessons from this distiller.")] = None,
+             source: Annotated[Source | None, typer.Option("--source", help="Only lessons from this distiller.")] = None,
              limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many.")] = 50) -> None:
     """Stored lessons, best supported first."""
     with _open(workdir) as store:
@@ -109,16 +109,16 @@ def search_cmd(text: Annotated[str, typer.Argument(help="What to look for, in wo
 @app.command("distill")
 def distill_cmd(
     workdir: Workdir = DEFAULT_WORKDIR,
-    run: Annotated[Optional[str], typer.Option("--run", help="Only rollouts of the run with this name.")] = None,
-    round_: Annotated[Optional[int], typer.Option("--round", help="Only rollouts of round K.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Only rollouts of the run with this name.")] = None,
+    round_: Annotated[int | None, typer.Option("--round", help="Only rollouts of round K.")] = None,
     domain: DomainOpt = None,
     agent: Annotated[Source, typer.Option("--agent", "-a", help="rules: from outcome kinds and flags; llm: a "
                                           "chat model behind an OpenAI-compatible endpoint.")] = Source.rules,
     min_support: Annotated[int, typer.Option("--min-support", min=1, help="rules: failures a rule needs.")] = 2,
-    model: Annotated[Optional[str], typer.Option("--model", help="llm: model name (else EVOTRAINER_LLM_MODEL).")] = None,
-    base_url: Annotated[Optional[str], typer.Option("--base-url", help="llm: endpoint (else EVOTRAINER_LLM_BASE_URL).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="llm: model name (else EVOTRAINER_LLM_MODEL).")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="llm: endpoint (else EVOTRAINER_LLM_BASE_URL).")] = None,
     max_calls: Annotated[int, typer.Option("--max-calls", min=1, help="llm: at most this many requests.")] = 8,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Read at most this many rollouts.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Read at most this many rollouts.")] = None,
 ) -> None:
     """Distill lessons from stored rollouts into the pool (held-out rollouts are never read).
     A lesson distilled again updates its row instead of adding a copy."""

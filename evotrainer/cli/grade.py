@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -22,8 +21,8 @@ def grade_cmd(
     executor_name: str = typer.Option("local", "--executor", help="local: a process pool here; ray: Ray tasks "
                                       "(a private instance, or the cluster at $RAY_ADDRESS)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds for one test run."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Keep grades in DIR/grades.sqlite across runs."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Write each grade's log to DIR/<instance_id>.log."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Keep grades in DIR/grades.sqlite across runs."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Write each grade's log to DIR/<instance_id>.log."),
     as_json: bool = typer.Option(False, "--json", help="Print summary and per-instance results as JSON on stdout."),
 ):
     """Grade predictions: apply each patch to a clean copy, restore the tests, run FAIL_TO_PASS +

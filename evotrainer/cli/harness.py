@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Group
@@ -73,7 +73,7 @@ def _diff(text: str) -> Syntax | Text:
 def log_cmd(
     workdir: Workdir = DEFAULT_WORKDIR,
     all_: Annotated[bool, typer.Option("--all", "-a", help="Every branch (candidates too), every commit.")] = False,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", min=1, help="Newest N commits.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Newest N commits.")] = None,
 ):
     """The promotion history of main (first parent), newest first; --all adds the candidates."""
     repo = _repo(workdir)

@@ -6,7 +6,6 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,7 +19,7 @@ from evotrainer.errors import UserError
 err = make_console(stderr=True)
 
 
-def open_store(workdir: Optional[Path]):
+def open_store(workdir: Path | None):
     """The workspace's store (or $EVOTRAINER_STORE_URL); a UserError when there is none."""
     from evotrainer.store import Store
     from evotrainer.workspace import Workspace
@@ -33,17 +32,17 @@ def open_store(workdir: Optional[Path]):
 
 
 def judge_cmd(
-    run: Optional[str] = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
-    round_: Optional[int] = typer.Option(None, "--round", help="Only rollouts of round K."),
-    domain: Optional[str] = typer.Option(None, "--domain", "-d", help="Only rollouts of this domain."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Judge at most N rollouts."),
+    run: str | None = typer.Option(None, "--run", help="Only rollouts of this run (default: every stored rollout)."),
+    round_: int | None = typer.Option(None, "--round", help="Only rollouts of round K."),
+    domain: str | None = typer.Option(None, "--domain", "-d", help="Only rollouts of this domain."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Judge at most N rollouts."),
     steps: bool = typer.Option(False, "--steps", help="Also label each assistant step GOOD/BAD "
                                "(multi-turn rollouts; meta step_labels, for harness step_credit)."),
-    workdir: Optional[Path] = WorkdirOpt,
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config whose `judge:` section "
+    workdir: Path | None = WorkdirOpt,
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config whose `judge:` section "
                                           "to use (default: configs/math.yaml)."),
     as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON on stdout."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="Config overrides, e.g. judge.model=qwen "
+    overrides: list[str] | None = typer.Argument(None, help="Config overrides, e.g. judge.model=qwen "
                                                     "judge.base_url=http://127.0.0.1:8000/v1."),
 ):
     """Judge stored rollouts with the config's voting roles (`judge.roles`). Agreement labels a

@@ -7,12 +7,12 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from evotrainer.cli.backtest import app as backtests_app, backtest_cmd
+from evotrainer.cli.backtest import app as backtests_app
+from evotrainer.cli.backtest import backtest_cmd
 from evotrainer.cli.common import ConfigOpt, DomainOpt, OverridesArg, UserErrorGroup, WorkdirOpt, resolve_workdir
 from evotrainer.cli.diagnose import diagnose_cmd
 from evotrainer.cli.experience import app as experience_app
@@ -41,7 +41,7 @@ console = make_console(stderr=True)
 
 
 @app.command()
-def init(domain: str = DomainOpt, workdir: Optional[Path] = WorkdirOpt):
+def init(domain: str = DomainOpt, workdir: Path | None = WorkdirOpt):
     """Create a workspace: a harness git repo seeded from the package's harnesses/DOMAIN, plus
     skills/ and backtests/. An existing workspace is left as it is."""
     from evotrainer.harness.repo import HarnessRepo
@@ -63,11 +63,11 @@ def init(domain: str = DomainOpt, workdir: Optional[Path] = WorkdirOpt):
 @app.command()
 def train(
     domain: str = DomainOpt,
-    steps: Optional[int] = typer.Option(None, "--steps", help="GRPO steps per round (train.steps_per_round)."),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="Rounds to run now (train.rounds)."),
-    workdir: Optional[Path] = WorkdirOpt,
-    config: Optional[Path] = ConfigOpt,
-    overrides: Optional[List[str]] = OverridesArg,
+    steps: int | None = typer.Option(None, "--steps", help="GRPO steps per round (train.steps_per_round)."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Rounds to run now (train.rounds)."),
+    workdir: Path | None = WorkdirOpt,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
 ):
     """Train the policy with GRPO + LoRA under the harness; resumes an existing run in WORKDIR.
 
@@ -100,13 +100,13 @@ def _print_train_summary(session, result) -> None:
 def coevolve(
     domain: str = DomainOpt,
     rounds: int = typer.Option(3, "--rounds", help="Rounds to run (with --resume: the run's total)."),
-    agent: Optional[str] = typer.Option(None, "--agent", help="Outer agent: rules (default, offline) or llm."),
-    workdir: Optional[Path] = WorkdirOpt,
+    agent: str | None = typer.Option(None, "--agent", help="Outer agent: rules (default, offline) or llm."),
+    workdir: Path | None = WorkdirOpt,
     approve: bool = typer.Option(False, "--approve", help="Pause before each promotion: show the diff "
                                  "and the backtest, and wait for yes/no."),
     resume: bool = typer.Option(False, "--resume", help="Continue a killed run at the stage it reached."),
-    config: Optional[Path] = ConfigOpt,
-    overrides: Optional[List[str]] = OverridesArg,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
 ):
     """Co-evolve policy and harness: train, verify, diagnose, propose, backtest, promote.
 
@@ -139,11 +139,11 @@ def _ask_approval(candidate, report, diff: str) -> bool:
 @app.command("eval")
 def eval_cmd(
     domain: str = DomainOpt,
-    adapter: Optional[Path] = typer.Option(None, "--adapter", help="LoRA adapter folder (PEFT format); none = base model."),
-    workdir: Optional[Path] = WorkdirOpt,
-    config: Optional[Path] = ConfigOpt,
+    adapter: Path | None = typer.Option(None, "--adapter", help="LoRA adapter folder (PEFT format); none = base model."),
+    workdir: Path | None = WorkdirOpt,
+    config: Path | None = ConfigOpt,
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-    overrides: Optional[List[str]] = OverridesArg,
+    overrides: list[str] | None = OverridesArg,
 ):
     """Evaluate a policy on the held-out split: greedy decoding, one result per eval seed."""
     from evotrainer.policy import load_policy
@@ -175,8 +175,8 @@ def eval_cmd(
 @app.command("config")
 def config_cmd(
     domain: str = DomainOpt,
-    config: Optional[Path] = ConfigOpt,
-    overrides: Optional[List[str]] = OverridesArg,
+    config: Path | None = ConfigOpt,
+    overrides: list[str] | None = OverridesArg,
 ):
     """Print the resolved config (after overrides) as YAML, or the error that rejects it."""
     import yaml

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import webbrowser
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,8 +15,8 @@ err = make_console(stderr=True)
 
 
 def report_cmd(
-    workdir: Optional[Path] = WorkdirOpt,
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the site (default: WORKDIR/report). "
+    workdir: Path | None = WorkdirOpt,
+    out: Path | None = typer.Option(None, "--out", "-o", help="Folder for the site (default: WORKDIR/report). "
                                        "An existing report there is replaced."),
     open_: bool = typer.Option(False, "--open", help="Open the overview page in the default browser."),
 ):

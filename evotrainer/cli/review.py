@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -23,8 +22,8 @@ def _clip(text: str, limit: int = 1500) -> str:
 
 
 def review_cmd(
-    workdir: Optional[Path] = WorkdirOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Label at most N rollouts."),
+    workdir: Path | None = WorkdirOpt,
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Label at most N rollouts."),
     list_only: bool = typer.Option(False, "--list", help="List the queue and exit."),
     show_outcome: bool = typer.Option(False, "--show-outcome", help="Also show the verified outcome "
                                       "(off by default, so human labels stay an independent check)."),

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -36,12 +36,12 @@ WORKDIR_ENV, STORE_URL_ENV = "EVOTRAINER_WORKDIR", "EVOTRAINER_STORE_URL"
 Workdir = Annotated[Path, typer.Option(
     "--workdir", "-w", envvar=WORKDIR_ENV,
     help=f"Workspace holding store.db (env {STORE_URL_ENV} picks any SQLAlchemy URL instead).")]
-RunOpt = Annotated[Optional[str], typer.Option("--run", help="Only rollouts of the run with this name.")]
-RoundOpt = Annotated[Optional[int], typer.Option("--round", help="Only rollouts of round K (of --run, or of any run).")]
-DomainOpt = Annotated[Optional[str], typer.Option("--domain", help="Only rollouts of this domain (math, code, swe, ...).")]
+RunOpt = Annotated[str | None, typer.Option("--run", help="Only rollouts of the run with this name.")]
+RoundOpt = Annotated[int | None, typer.Option("--round", help="Only rollouts of round K (of --run, or of any run).")]
+DomainOpt = Annotated[str | None, typer.Option("--domain", help="Only rollouts of this domain (math, code, swe, ...).")]
 # An Enum so --help lists the kinds and typer rejects unknown ones.
 Kind = enum.Enum("Kind", {k: k for k in OUTCOME_KINDS}, type=str)
-KindOpt = Annotated[Optional[Kind], typer.Option(
+KindOpt = Annotated[Kind | None, typer.Option(
     "--kind", help="Only rollouts whose verified outcome has this kind.")]
 DEFAULT_WORKDIR = Path("evotrainer-work")
 # Below this many rows a progress bar is only flicker.
@@ -199,7 +199,7 @@ def export(
     round_: RoundOpt = None,
     domain: DomainOpt = None,
     kind: KindOpt = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", "-n", help="Export at most N rollouts (default: all).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Export at most N rollouts (default: all).")] = None,
 ) -> None:
     """Export rollouts as JSONL, one per line; training fields go in meta.train."""
     with _open(workdir) as store:

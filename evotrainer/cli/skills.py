@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -17,15 +17,15 @@ from evotrainer.skills.library import STATUSES, SkillLibrary
 app = typer.Typer(name="skills", help="Browse the skill library: reusable, evidence-backed harness "
                   "interventions.", no_args_is_help=True, cls=UserErrorGroup)
 
-Workdir = Annotated[Optional[Path], typer.Option(
+Workdir = Annotated[Path | None, typer.Option(
     "--workdir", "-w", envvar="EVOTRAINER_WORKDIR",
     help="Workspace whose learned skills (WORKDIR/skills/) join and override the shipped ones.")]
-DomainOpt = Annotated[Optional[str], typer.Option("--domain", "-d", help="Only skills for this domain.")]
+DomainOpt = Annotated[str | None, typer.Option("--domain", "-d", help="Only skills for this domain.")]
 Status = enum.Enum("Status", {s: s for s in STATUSES}, type=str)
-StatusOpt = Annotated[Optional[Status], typer.Option("--status", "-s", help="Only skills with this status.")]
+StatusOpt = Annotated[Status | None, typer.Option("--status", "-s", help="Only skills with this status.")]
 
 
-def _library(workdir: Optional[Path]) -> SkillLibrary:
+def _library(workdir: Path | None) -> SkillLibrary:
     if workdir is not None and not workdir.is_dir():  # a mistyped --workdir would hide its skills
         raise UserError(f"no workspace folder {workdir} (set by --workdir or EVOTRAINER_WORKDIR)")
     lib = SkillLibrary.load(workdir)
@@ -35,7 +35,7 @@ def _library(workdir: Optional[Path]) -> SkillLibrary:
     return lib
 
 
-def _where(workdir: Optional[Path]) -> str:
+def _where(workdir: Path | None) -> str:
     return f"shipped + {workdir / 'skills'}" if workdir else "shipped"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from rich.table import Table
 from rich.text import Text
@@ -35,7 +34,7 @@ def _memory_line(path: Path) -> str:
             f"{data.get('observed', [])}; drift {memory.drift:+.2f} logit per round")
 
 
-def status_cmd(workdir: Optional[Path] = WorkdirOpt):
+def status_cmd(workdir: Path | None = WorkdirOpt):
     """Show where the workspace's run stands: the co-evolution round and stage, the last
     finished round's metrics, a promotion waiting for verification, and this round's candidates."""
     from evotrainer.report.gather import load_state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -36,20 +36,20 @@ def synth_cmd(
     out: Annotated[Path, typer.Option("--out", help="Task file to write (SWE-bench JSONL).")],
     n: Annotated[int, typer.Option("--n", min=1, help="Tasks to keep.")] = 10,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the mutation order.")] = 0,
-    snapshot: Annotated[Optional[Path], typer.Option(
+    snapshot: Annotated[Path | None, typer.Option(
         "--snapshot", help="Copy the repo's source (no .git) into DIR/<name>-<hash>/ and point `repo` there, "
         "relative to the task file. Default: `repo` is the given path.")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Repo name in ids (default: folder name).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Repo name in ids (default: folder name).")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel test runs.")] = 1,
     levels: Annotated[str, typer.Option("--levels", help="Difficulty levels to cycle through, e.g. 0,1,2.")] = "0,1,2",
-    include: Annotated[Optional[List[str]], typer.Option(
+    include: Annotated[list[str] | None, typer.Option(
         "--include", help="Glob of source files to mutate (repeatable; default all non-test .py files).")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds for one mutated test run.")] = 60.0,
     max_candidates: Annotated[int, typer.Option("--max-candidates", help="Mutation sites to try at most.")] = 400,
     per_function: Annotated[int, typer.Option("--per-function", min=1, help="Tasks per function at most.")] = 1,
     verify: Annotated[bool, typer.Option(
         "--verify/--no-verify", help="Grade gold (must resolve) and empty (must not) with the real grader.")] = True,
-    statement_hook: Annotated[Optional[str], typer.Option(
+    statement_hook: Annotated[str | None, typer.Option(
         "--statement-hook", help="module:function that writes the problem statement from the template "
         "context (e.g. an LLM); the template is the fallback.")] = None,
 ):
@@ -81,9 +81,9 @@ def synth_cmd(
 def import_cmd(
     file: Annotated[Path, typer.Argument(help="SWE-bench-format JSONL (repos as local folders).")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the validated task file.")],
-    repo_root: Annotated[Optional[Path], typer.Option(
+    repo_root: Annotated[Path | None, typer.Option(
         "--repo-root", help="Folder holding the repos, for lines whose `repo` is an 'owner/name' id.")] = None,
-    level: Annotated[Optional[int], typer.Option("--level", help="Level for lines without one (default 2).")] = None,
+    level: Annotated[int | None, typer.Option("--level", help="Level for lines without one (default 2).")] = None,
 ):
     """Validate SWE-bench JSONL with the grader's loader and write it with `repo` paths that
     resolve from OUT's folder."""
@@ -100,7 +100,7 @@ def import_cmd(
 def fetch_cmd(
     pack: Annotated[str, typer.Option("--pack", help="A pack name (bundled) or a pack folder (with sources.json).")]
     = "bundled",
-    sdist_dir: Annotated[Optional[Path], typer.Option(
+    sdist_dir: Annotated[Path | None, typer.Option(
         "--sdist-dir", help="Take the source archives from this folder instead of downloading them with pip "
         "(for machines without access to the package index).")] = None,
     verify: Annotated[bool, typer.Option(

@@ -19,8 +19,8 @@ reward change that inflates reward without held-out gain is caught too: that is 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 from evotrainer.domains.base import Task
 from evotrainer.errors import EvotrainerError

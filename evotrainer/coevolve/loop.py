@@ -9,24 +9,24 @@ by default with a control arm trained without the change (coevolve/control.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
 
 from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
-from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
+from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
+from evotrainer.console import make_console
 from evotrainer.crashpoints import crash_point
 from evotrainer.dist import barrier, is_main
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.store import Store
 from evotrainer.workspace import ensure_workspace
-from evotrainer.console import make_console
 
 # approve(candidate, backtest report, diff text) -> promote?
 Approver = Callable[[Candidate, dict, str], bool]

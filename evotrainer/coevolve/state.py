@@ -64,7 +64,7 @@ class RunState:
     start_adapter: str | None = None
 
     @classmethod
-    def load(cls, path: Path) -> "RunState | None":
+    def load(cls, path: Path) -> RunState | None:
         if not path.is_file():
             return None
         data = json.loads(path.read_text())

@@ -12,9 +12,10 @@ group-level probes (dead groups, duplicates) the group's first rollout stands in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout
 from evotrainer.harness.isolated import IsolatedHarness
@@ -115,7 +116,7 @@ class HealthReport:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "HealthReport":
+    def from_json(cls, data: Mapping[str, Any]) -> HealthReport:
         probes = [ProbeResult(p["name"], p["dimension"], p["value"], p["level"], p["warn"], p["critical"],
                               p["direction"], tuple(p.get("examples", ())), p.get("error"))
                   for p in data["probes"]]

@@ -20,12 +20,12 @@ def fmt_value(value: float | None) -> str:
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.4g}"
 
 
-def _rule(p: "ProbeResult") -> str:
+def _rule(p: ProbeResult) -> str:
     sign = ">" if p.direction == "above" else "<"
     return f"warn {sign} {p.warn:g}, critical {sign} {p.critical:g}"
 
 
-def dimension_tables(report: "HealthReport") -> list[Table]:
+def dimension_tables(report: HealthReport) -> list[Table]:
     """One table per dimension, probes in harness order."""
     tables = []
     for dim in report.dimensions():
@@ -43,7 +43,7 @@ def dimension_tables(report: "HealthReport") -> list[Table]:
     return tables
 
 
-def example_panel(ex: "Example", probes: str) -> Panel:
+def example_panel(ex: Example, probes: str) -> Panel:
     head = Text.assemble((ex.kind, "bold"), "  success ", ("yes" if ex.success else "no",
                          "green" if ex.success else "red"), f"  reward {ex.reward:+.3f}",
                          f"  {ex.num_tokens} tokens", "  truncated" if ex.truncated else "",
@@ -53,7 +53,7 @@ def example_panel(ex: "Example", probes: str) -> Panel:
                  title=Text(f"{probes}: rollout {ex.id}"), title_align="left", border_style="dim")
 
 
-def alert_panels(report: "HealthReport") -> list[Panel]:
+def alert_panels(report: HealthReport) -> list[Panel]:
     """One panel per example rollout (critical alerts' first), titled with every alert it shows."""
     shows: dict[str, list[str]] = {}
     for p in report.alerts:
@@ -63,7 +63,7 @@ def alert_panels(report: "HealthReport") -> list[Panel]:
     return [example_panel(report.examples[rid], ", ".join(names)) for rid, names in shows.items()]
 
 
-def summary_line(report: "HealthReport") -> Text:
+def summary_line(report: HealthReport) -> Text:
     alerts = report.alerts
     crit = sum(p.level == "critical" for p in alerts)
     text = Text(f"{report.n_rollouts} rollouts in {report.n_groups} groups ({report.scope}, "
@@ -79,7 +79,7 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def report_markdown(report: "HealthReport") -> str:
+def report_markdown(report: HealthReport) -> str:
     lines = [f"# Health report ({report.scope})", "",
              f"{report.n_rollouts} rollouts in {report.n_groups} groups, harness "
              f"`{report.harness_version or '?'}`.", ""]

@@ -23,8 +23,9 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
@@ -49,7 +50,7 @@ def _call_text(entry: str, args: tuple) -> str:
 def _run_reference(code: str, entry: str, args: tuple) -> Any:
     """The reference's answer (trusted code we generated, run in-process, on copies of the args)."""
     namespace: dict[str, Any] = {}
-    exec(compile(code, f"<reference {entry}>", "exec"), namespace)  # noqa: S102 -- our own generated code
+    exec(compile(code, f"<reference {entry}>", "exec"), namespace)
     return namespace[entry](*copy.deepcopy(args))
 
 
@@ -233,7 +234,7 @@ def check_code(task: Task, completion: str, truncated: bool, *, timeout_s: float
         return run_hidden_tests(code, list(task.meta["tests"]), entry=entry or "", setup=task.meta.get("setup", ""),
                                 prefix=prefix, reference=task.answer, timeout_s=timeout_s, flags=flags,
                                 hide=_task_files(task))
-    except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
+    except Exception:
         return Outcome(False, 0.0, "error", ("checker_error",))
 
 

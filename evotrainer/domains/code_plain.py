@@ -79,4 +79,4 @@ def decode(node, depth=0):
         return out
     if tag in _SEQ_TAGS and len(args) == 1 and type(args[0]) is list:
         return _SEQ_TAGS[tag](decode(v, depth + 1) for v in args[0])
-    raise ValueError("unknown tag %r" % tag[:8])
+    raise ValueError(f"unknown tag {tag[:8]!r}")

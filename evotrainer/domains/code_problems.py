@@ -4,8 +4,9 @@ renders a problem text, a reference solution and the inputs its hidden asserts r
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import random
-from functools import lru_cache
+from collections.abc import Iterable, Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -204,7 +205,7 @@ def check_edit_meta(task: SweTask, completion: str, truncated: bool, path: str |
         if not patch.strip():
             return Outcome(False, 0.0, "empty", ("format_ok", "no_change")), {}
         return grade_checked(task, patch, timeout_s, ("format_ok",))
-    except Exception:  # noqa: BLE001 -- a checker crash must be a countable outcome, not a crash
+    except Exception:
         return Outcome(False, 0.0, "error", ("checker_error",)), {}
 
 
@@ -240,7 +241,7 @@ class SweDomain:
     def swe_task(self, task: Task | str) -> SweTask:
         return self._swe[task if isinstance(task, str) else task.task_id]
 
-    @lru_cache(maxsize=None)  # noqa: B019 -- one domain per session; the prompts are pure
+    @cache  # noqa: B019 -- one domain per session; the prompts are pure
     def _task(self, instance_id: str) -> Task:
         swe = self._swe[instance_id]
         if self.scaffold == "edit":
@@ -274,7 +275,7 @@ class SweDomain:
                 return Outcome(False, 0.0, "empty"), {}
             try:
                 return grade_checked(swe, completion, self.grade_timeout_s)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return Outcome(False, 0.0, "error", ("checker_error",)), {}
         meta = task.meta
         near = (meta["start"] + meta["end"]) // 2 if "start" in meta and "end" in meta else None

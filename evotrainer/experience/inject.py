@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -87,7 +88,7 @@ class ExperienceInjector:
         self.clip_high: float | None = None  # epsilon_high for guided rows (harness experience.clip_high)
 
     @classmethod
-    def from_harness(cls, harness, pool: ExperiencePool, domain: str, seed: int) -> "ExperienceInjector | None":
+    def from_harness(cls, harness, pool: ExperiencePool, domain: str, seed: int) -> ExperienceInjector | None:
         """The injector harness.yaml `experience` asks for; None when its share is 0."""
         spec = harness.spec.experience
         if spec["share"] <= 0:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 

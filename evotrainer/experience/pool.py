@@ -8,8 +8,9 @@ drops the snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class Lesson:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "Lesson":
+    def from_row(cls, row: Mapping[str, Any]) -> Lesson:
         return cls(row["id"], row["domain"], row["text"], row["source"], row["kind"], row["support"],
                    tuple(row.get("evidence") or ()), dict(row.get("meta") or {}))
 
@@ -68,16 +69,16 @@ class ExperiencePool:
     def vectors(self, lessons: Sequence[Lesson]) -> np.ndarray:
         """(n, dim) unit vectors of these lessons: from the store's cache, else embedded and cached."""
         emb = self.embedder
-        cached = self.store.lesson_vectors(emb.name, [l.id for l in lessons])
-        missing = [l for l in lessons if l.id not in cached]
+        cached = self.store.lesson_vectors(emb.name, [lesson.id for lesson in lessons])
+        missing = [lesson for lesson in lessons if lesson.id not in cached]
         if missing:
-            fresh = emb.embed([l.text for l in missing])
-            new = {l.id: to_bytes(v) for l, v in zip(missing, fresh)}
+            fresh = emb.embed([lesson.text for lesson in missing])
+            new = {lesson.id: to_bytes(v) for lesson, v in zip(missing, fresh)}
             self.store.put_lesson_vectors(emb.name, emb.dim, new)
             cached.update(new)
         if not lessons:
             return np.zeros((0, emb.dim), dtype=np.float32)
-        return np.stack([from_bytes(cached[l.id]) for l in lessons])
+        return np.stack([from_bytes(cached[lesson.id]) for lesson in lessons])
 
     def search(self, query: str, domain: str | None = None, k: int = 5, min_score: float = -1.0) -> list[Hit]:
         return self.search_many([query], domain, k, min_score)[0]

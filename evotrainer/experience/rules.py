@@ -8,8 +8,8 @@ failure lacked (`sibling_flag`). A rule becomes a lesson once `min_support` fail
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from evotrainer.api import Rollout
 from evotrainer.experience.distill import LessonDraft, register_distiller

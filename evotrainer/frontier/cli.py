@@ -4,7 +4,7 @@ pass rates in a workspace's store."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -31,7 +31,7 @@ def frontier_cmd(
     band: Annotated[str, typer.Option("--band", help="Pass-rate band LO,HI of the parent tasks.")] = "0.2,0.8",
     n: Annotated[int, typer.Option("--n", min=1, help="Validated tasks to add at most.")] = 20,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the variant draws.")] = 0,
-    run: Annotated[Optional[str], typer.Option("--run", help="Pass rates of this run only (default: all).")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="Pass rates of this run only (default: all).")] = None,
     min_attempts: Annotated[int, typer.Option("--min-attempts", min=1, help="Attempts a parent needs.")] = 4,
 ):
     """Make variants of the train tasks whose pass rate lies in the band, keep those the trusted

@@ -8,8 +8,9 @@ resolves, empty patch does not); a bug identical to a known task's is dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from evotrainer.api import TaskStats
 from evotrainer.grade import SweTask

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from evotrainer.api import TaskStats
 from evotrainer.domains.base import Task

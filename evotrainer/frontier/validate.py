@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable
 
 from evotrainer.domains.base import Task
 

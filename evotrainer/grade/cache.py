@@ -13,8 +13,9 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from evotrainer.sqlite_file import SQLiteFile
 

@@ -42,10 +42,11 @@ import secrets
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping
+from typing import Any
 
 from evotrainer.api import Outcome
 from evotrainer.errors import UserError
@@ -91,7 +92,7 @@ class GradeResult:
                 "cached": self.cached, "exit_code": self.exit_code}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "GradeResult":
+    def from_dict(cls, data: Mapping[str, Any]) -> GradeResult:
         o = data["outcome"]
         return cls(data["instance_id"], Outcome(o["success"], o["score"], o["kind"], tuple(o["flags"])),
                    dict(data["per_test"]), data["log"], data.get("duration_s", 0.0), data.get("cached", False),

@@ -11,9 +11,9 @@ climbs out (`..`), enters `.git`, or passes through a symlink is refused as `Uns
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Mapping
 
 from evotrainer.errors import EvotrainerError
 

@@ -15,9 +15,10 @@ when the line has a `bug_patch`, the clean repository that `bug_patch` turns int
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from evotrainer.grade.packs import is_pack, pack_repo_base, swe_cache
 

@@ -17,14 +17,25 @@ an in-process Harness was; the pool is started again on the next call.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout, TaskStats, Turn, rollout_from_dict, rollout_to_dict
-from evotrainer.harness.loader import (SPEC_FILE, HarnessError, Probe, harness_version, parse_spec,
-                                       validate_bool, validate_probes, validate_reward, validate_stop,
-                                       validate_weights)
+from evotrainer.harness.loader import (
+    SPEC_FILE,
+    HarnessError,
+    Probe,
+    harness_version,
+    parse_spec,
+    validate_bool,
+    validate_probes,
+    validate_reward,
+    validate_stop,
+    validate_weights,
+)
 from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxPool
 
 LABEL = "harness"
@@ -46,7 +57,7 @@ def _refused(h: Any, what: str) -> None:
 class HarnessCalls:
     """In the worker: answer one batched request against the one harness the pool loaded."""
 
-    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> None:
+    def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         return None
 
     def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> Any:
@@ -104,7 +115,7 @@ class IsolatedHarness:
     def __repr__(self) -> str:
         return f"IsolatedHarness({str(self.path)!r}, version={self.version!r})"
 
-    def __enter__(self) -> "IsolatedHarness":
+    def __enter__(self) -> IsolatedHarness:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from typing import Mapping
+from collections.abc import Mapping
 
 MAX_CHARS = 300
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASS\b|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE",
@@ -99,7 +99,7 @@ def redact(text: object, limit: int = MAX_CHARS, env: Mapping[str, str] | None =
     """`text` as one safe line of at most about `limit` characters (see the module doc)."""
     try:
         text = text if isinstance(text, str) else str(text)
-    except Exception:  # noqa: BLE001 -- an object whose __str__ raises
+    except Exception:
         text = f"<unprintable {type(text).__name__}>"
     text = _visible(text)
     for name, value in _env_secrets(os.environ if env is None else env):

@@ -18,10 +18,10 @@ import os
 import re
 import tempfile
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping
 
 import git
 

@@ -201,7 +201,7 @@ def child_main(conn_fd: int, marks_fd: int) -> None:
         if not filtered and boot.require_seccomp:
             _send(conn, ["error", "the kernel refused the seccomp filter (required without a fresh uid)"])
             return
-    except Exception:  # noqa: BLE001
+    except Exception:
         _send(conn, ["error", traceback.format_exc()])
         return
     _worker_main(conn, marks, boot, {"seccomp": filtered, "uid": os.getuid()})

@@ -13,10 +13,11 @@ import struct
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from evotrainer.errors import EvotrainerError
 from evotrainer.harness.sandbox_failures import CandidateFailure, SandboxError
@@ -46,9 +47,9 @@ class WorkerJob(Protocol):
     `trusted_io`: a context manager inside which the job may open database connections (and
     nothing else the guards refuse); it must close them before it returns to harness code."""
 
-    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> Any: ...
+    def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> Any: ...
 
-    def run(self, state: Any, harnesses: Mapping[str, "SandboxedHarness"], message: Any) -> Any: ...
+    def run(self, state: Any, harnesses: Mapping[str, SandboxedHarness], message: Any) -> Any: ...
 
 
 # ---------------------------------------------------------------- in the parent
@@ -265,7 +266,7 @@ class SandboxPool:
         self.versions: dict[str, str] = {}
         self.isolation: dict[str, Any] = {}
 
-    def __enter__(self) -> "SandboxPool":
+    def __enter__(self) -> SandboxPool:
         ctx = None if isolated() else _context(self.job)
         try:
             for _ in range(self.size):

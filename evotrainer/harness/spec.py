@@ -18,12 +18,22 @@ from __future__ import annotations
 
 import difflib
 import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model,
-                      field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from evotrainer.harness.errors import HarnessError
 
@@ -90,7 +100,7 @@ class Knob:
         else:
             limits = {("gt" if self.low_open else "ge"): self.low, ("lt" if self.high_open else "le"): self.high}
             inner = Annotated[float, BeforeValidator(_yaml_float), Strict(), Field(allow_inf_nan=False, **limits)]
-        return Optional[inner] if self.nullable else inner
+        return inner | None if self.nullable else inner
 
 
 def _yaml_float(value: Any) -> Any:
@@ -233,7 +243,7 @@ class HarnessYaml(BaseModel):
         return {} if value is None else value  # `memory:` with nothing under it
 
     @model_validator(mode="after")
-    def _clip_needs_a_clipped_loss(self) -> "HarnessYaml":
+    def _clip_needs_a_clipped_loss(self) -> HarnessYaml:
         loss = self.grpo.loss_type  # type: ignore[attr-defined]
         if self.experience.clip_high is not None and loss not in RATIO_CLIP_LOSSES:  # type: ignore[attr-defined]
             raise ValueError(f"experience.clip_high: needs a ratio-clipped loss ({', '.join(RATIO_CLIP_LOSSES)}), "
@@ -252,7 +262,7 @@ class HarnessSpec:
     step_credit: dict
 
     @classmethod
-    def from_model(cls, model: HarnessYaml) -> "HarnessSpec":
+    def from_model(cls, model: HarnessYaml) -> HarnessSpec:
         return cls(grpo=model.grpo.model_dump(), reward_weights=dict(model.reward_weights),
                    experience=model.experience.model_dump(), memory=model.memory.model_dump(),
                    step_credit=model.step_credit.model_dump())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from evotrainer.chat import EndpointError, llm_endpoint, openai_client
 from evotrainer.config import JudgeConfig

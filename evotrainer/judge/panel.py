@@ -13,8 +13,9 @@ to build reward components (a proxy signal; `rollout.outcome` stays the verified
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout
 from evotrainer.config import JudgeConfig
@@ -68,7 +69,7 @@ class JudgePanel:
         self.judges, self.records = list(judges), records
 
     @classmethod
-    def from_config(cls, config: JudgeConfig, backend: JudgeBackend, records: JudgeRecords | None = None) -> "JudgePanel":
+    def from_config(cls, config: JudgeConfig, backend: JudgeBackend, records: JudgeRecords | None = None) -> JudgePanel:
         return cls([Judge.from_config(backend, config, role, records) for role in config.roles], records)
 
     def judge(self, rollout: Rollout) -> PanelResult:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateNotFound
 
@@ -97,7 +98,7 @@ class Judge:
 
     @classmethod
     def from_config(cls, backend: JudgeBackend, config: JudgeConfig, role: JudgeRoleConfig,
-                    records: JudgeRecords | None = None) -> "Judge":
+                    records: JudgeRecords | None = None) -> Judge:
         return cls(backend, role, records=records, max_retries=config.max_retries, max_tokens=config.max_tokens,
                    max_chars=config.max_chars)
 

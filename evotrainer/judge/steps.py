@@ -9,8 +9,8 @@ malformed after the retries gives no labels (None), never a made-up GOOD.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from evotrainer.api import Rollout, Turn
 from evotrainer.judge.backends import JudgeBackend

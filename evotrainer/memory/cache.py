@@ -14,8 +14,9 @@ import hashlib
 import json
 import sqlite3
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 from evotrainer.sqlite_file import SQLiteFile
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from evotrainer.api import TaskStats
 from evotrainer.jsonfile import write_json
@@ -256,7 +257,7 @@ class ReplayMemory:
                 "forgotten": dict(self.forgotten)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ReplayMemory":
+    def from_json(cls, data: Mapping[str, Any]) -> ReplayMemory:
         mem = cls(StrataPolicy(**data["policy"]), float(data["decay"]), float(data.get("noise", 0.1)),
                   float(data.get("drift_rate", 0.5)), float(data.get("variant_var", 1.0)))
         mem.drift, mem.lift = float(data.get("drift", 0.0)), float(data.get("lift", 0.0))
@@ -270,7 +271,7 @@ class ReplayMemory:
         write_json(path, self.to_json(), indent=1)
 
     @classmethod
-    def load(cls, path: Path | str) -> "ReplayMemory":
+    def load(cls, path: Path | str) -> ReplayMemory:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from evotrainer.api import TaskStats
 from evotrainer.jsonfile import write_json

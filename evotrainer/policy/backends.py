@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 from evotrainer.policy.embedded import PolicyError
 

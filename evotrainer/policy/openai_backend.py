@@ -8,9 +8,9 @@ adapter folder at the same path (same machine or a shared file system).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Sequence
 
 from evotrainer.policy.backends import BackendUnavailable, Generation
 from evotrainer.policy.load import adapter_version

@@ -3,8 +3,8 @@ adapter applied per request (LoRARequest), so a new round needs no engine restar
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from evotrainer.policy.backends import Generation, require_vllm, vllm_lora_rank
 from evotrainer.policy.load import adapter_version

@@ -3,8 +3,8 @@
 Importing this package registers every agent, so `get_agent("rules")` works after it.
 """
 
-from evotrainer.propose.base import Agent, Evidence, Proposal, get_agent, register_agent
 from evotrainer.propose import rules  # noqa: F401  (registers "rules")
+from evotrainer.propose.base import Agent, Evidence, Proposal, get_agent, register_agent
 
 try:
     from evotrainer.propose import llm  # noqa: F401  (registers "llm")

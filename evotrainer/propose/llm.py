@@ -15,17 +15,25 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
 from evotrainer.chat import EndpointError, ReplyError, llm_endpoint, openai_client, reply_json
 from evotrainer.errors import EvotrainerError
-from evotrainer.harness.loader import (CODE_FILES, GRPO_KEYS, HARNESS_FILES, SPEC_FILE, HarnessError,
-                                       check_imports, parse_spec)
+from evotrainer.harness.loader import (
+    CODE_FILES,
+    GRPO_KEYS,
+    HARNESS_FILES,
+    SPEC_FILE,
+    HarnessError,
+    check_imports,
+    parse_spec,
+)
 from evotrainer.harness.sandbox import ALLOWED_MODULES, CandidateFailure, SandboxLimits, SandboxPool
 from evotrainer.propose.base import Evidence, Proposal, register_agent
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessError

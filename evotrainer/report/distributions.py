@@ -9,8 +9,10 @@ harness that fails there only leaves its chart out. Newer reports never come her
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any
 
 from evotrainer.api import Rollout, rollout_from_dict, rollout_to_dict
 from evotrainer.backtest.engine import Selector
@@ -28,7 +30,7 @@ BATCH = 250
 class RewardJob:
     """In a worker: the training reward of every rollout of a batch under the named harnesses."""
 
-    def open(self, trusted_io: Callable[[], ContextManager[None]]) -> None:
+    def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         return None
 
     def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> dict[str, list[float]]:

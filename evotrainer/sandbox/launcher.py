@@ -8,8 +8,9 @@ import select
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 

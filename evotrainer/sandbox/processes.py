@@ -8,9 +8,10 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 MIN_SANDBOX_UID = 1_000_000_000  # fresh uids come from [MIN, MIN + 2**30): no real user is there
 

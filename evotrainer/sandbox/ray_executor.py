@@ -24,7 +24,8 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from evotrainer.harness.sandbox import CandidateFailure, SandboxError, SandboxLimits, SandboxPool, WorkerJob
 
@@ -124,7 +125,7 @@ class RayExecutor:
             ray.cancel(ref, force=True)
         self._running.clear()
 
-    def __enter__(self) -> "RayExecutor":
+    def __enter__(self) -> RayExecutor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -189,7 +190,7 @@ class RaySandboxPool:
         self.actors: list[Any] = []
         self.versions: dict[str, str] = {}
 
-    def __enter__(self) -> "RaySandboxPool":
+    def __enter__(self) -> RaySandboxPool:
         import ray
 
         ensure_ray(self.address)

@@ -52,9 +52,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from evotrainer.errors import SandboxError
 from evotrainer.sandbox.launcher import (
@@ -65,7 +66,6 @@ from evotrainer.sandbox.launcher import (
     _scrubbed_env,
     _start,
 )
-from evotrainer.sandbox.protected import protected
 from evotrainer.sandbox.processes import (
     MIN_SANDBOX_UID,
     _cgroup_base,
@@ -77,6 +77,7 @@ from evotrainer.sandbox.processes import (
     _stop,
     _sweep,
 )
+from evotrainer.sandbox.protected import protected
 
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj"})
 OUTPUT_CAP = 64 * 1024  # bytes kept of stdout and of stderr (head and tail)
@@ -155,7 +156,7 @@ def _launch_probe() -> dict[str, Any]:
             status["uid"] = None
             status.setdefault("error", f"probe exited {proc.returncode}")
         return status
-    except Exception as exc:  # noqa: BLE001 -- a failed probe means "no isolation", never a crash
+    except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         _rmtree(tmp)

@@ -27,9 +27,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -115,7 +116,7 @@ class RepoEnv:
     def close(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-    def __enter__(self) -> "RepoEnv":
+    def __enter__(self) -> RepoEnv:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -18,9 +18,9 @@ unique.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Callable, Mapping, Sequence
 
 from evotrainer.errors import EvotrainerError
 from evotrainer.grade import make_patch

@@ -12,9 +12,10 @@ import copy
 import itertools
 import re
 import shutil
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence, get_args
+from typing import Any, get_args
 
 import yaml
 from jinja2 import StrictUndefined, TemplateError
@@ -339,7 +340,7 @@ class SkillLibrary:
         self.errors = list(errors)  # workspace skills that did not parse, skipped
 
     @classmethod
-    def load(cls, workdir: Path | str | None = None, shipped: Path | str = SKILLS_DIR) -> "SkillLibrary":
+    def load(cls, workdir: Path | str | None = None, shipped: Path | str = SKILLS_DIR) -> SkillLibrary:
         """Shipped skills must parse (a SkillError otherwise); a broken workspace skill is skipped
         and named in `errors`, so one bad learned skill does not stop a run."""
         skills: dict[str, Skill] = {}

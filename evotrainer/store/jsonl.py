@@ -7,9 +7,10 @@ import json
 import math
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 

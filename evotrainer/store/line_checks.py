@@ -20,7 +20,8 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from typing import Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from sqlalchemy import BigInteger
 

@@ -7,9 +7,10 @@ rollout. Rows come back as tuples of the columns asked for, in that order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from operator import itemgetter
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine

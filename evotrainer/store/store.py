@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from sqlalchemy import Select, case, create_engine, event, func, insert, select, text, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.sandbox.protected import protect
 from evotrainer.store.lessons import LessonRows
 from evotrainer.store.models import Backtest, Base, Counter, Eval, RolloutRow, Round, Run, Task, utcnow
-from evotrainer.sandbox.protected import protect
 from evotrainer.store.replay import ReplayReads
 from evotrainer.store.sql import IN_CHUNK, RolloutScope, by_id_or_prefix, chunks
 from evotrainer.store.views import ViewReads
@@ -44,7 +45,7 @@ class StoredRollout:
 
 def _setup_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # noqa: ANN001
+    def _on_connect(dbapi_conn, _record) -> None:
         cur = dbapi_conn.cursor()
         # WAL lets the CLI read while the trainer writes; a killed process loses no commit.
         cur.execute("PRAGMA journal_mode=WAL")
@@ -170,7 +171,7 @@ class Store(LessonRows, ReplayReads, ViewReads):
             pass  # another process created it first
 
     @classmethod
-    def open(cls, workdir: Path, url: str | None = None) -> "Store":
+    def open(cls, workdir: Path, url: str | None = None) -> Store:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         protect(workdir)  # the workspace beside the store, whatever the url (sandbox/protected.py)
@@ -179,7 +180,7 @@ class Store(LessonRows, ReplayReads, ViewReads):
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

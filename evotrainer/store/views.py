@@ -7,7 +7,8 @@ sizes are; row reads are keyset pages or bounded IN lists, never one query per r
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine

@@ -15,8 +15,8 @@ import ast
 import hashlib
 import random
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 KINDS = (
     "flip_compare",  # `<` -> `<=`, `==` -> `!=`, `in` -> `not in`, ...

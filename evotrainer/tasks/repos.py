@@ -20,9 +20,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 from evotrainer.grade import SweTask, apply_patch
 from evotrainer.grade.packs import swe_cache

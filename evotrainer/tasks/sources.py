@@ -28,12 +28,22 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from pathlib import Path, PurePosixPath
 from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 
 from evotrainer.errors import UserError
-from evotrainer.grade.packs import (FIELDS, MANIFEST, PackNotFetched, Source, is_pack, load_sources, missing,
-                                    pack_repo_base, snapshot_store, swe_cache)
+from evotrainer.grade.packs import (
+    FIELDS,
+    MANIFEST,
+    PackNotFetched,
+    Source,
+    is_pack,
+    load_sources,
+    missing,
+    pack_repo_base,
+    snapshot_store,
+    swe_cache,
+)
 from evotrainer.tasks import repos
 
 PIP_TIMEOUT_S = 600

@@ -25,10 +25,11 @@ import random
 import re
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -202,7 +203,7 @@ class _TestIndex:
     dropped: list[str] = field(default_factory=list)  # never run: they break the sandbox's limits
 
     @classmethod
-    def build(cls, repo: Path, ids: list[str], dropped: Sequence[str] = ()) -> "_TestIndex":
+    def build(cls, repo: Path, ids: list[str], dropped: Sequence[str] = ()) -> _TestIndex:
         units: dict[str, list[str]] = {}
         for i in ids:
             parts = i.split("::")
@@ -313,7 +314,7 @@ def problem_statement(context: dict[str, Any], hook: Callable[[dict], str] | Non
             text = hook(dict(context))
             if isinstance(text, str) and text.strip():
                 return text.strip() + "\n"
-        except Exception:  # noqa: BLE001 -- an optional LLM must not lose the task
+        except Exception:
             pass
     return _template_env().get_template("problem.md.j2").render(**context).strip() + "\n"
 

@@ -18,8 +18,9 @@ AgentEvolver: no decay of alpha over training, no discount in the suffix sum.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from evotrainer.harness.errors import HarnessError
 from evotrainer.harness.spec import validate_spec
@@ -37,7 +38,7 @@ class StepCreditSpec:
     alpha: float = 0.1
 
     @classmethod
-    def from_raw(cls, raw: Any) -> "StepCreditSpec":
+    def from_raw(cls, raw: Any) -> StepCreditSpec:
         """A `step_credit` section validated as harness.yaml's loader does (ValueError if bad)."""
         try:
             return cls(**validate_spec({SPEC_KEY: raw}).step_credit)
@@ -120,7 +121,7 @@ class StepCredit:
         self.last_stats: dict[str, int] = {}
 
     @classmethod
-    def from_harness(cls, harness: Any, labeller: Labeller | None = None) -> "StepCredit":
+    def from_harness(cls, harness: Any, labeller: Labeller | None = None) -> StepCredit:
         return cls(StepCreditSpec(**harness.spec.step_credit), labeller)  # validated at load
 
     @property

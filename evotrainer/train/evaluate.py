@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from evotrainer.domains.base import Domain, Task
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
 from evotrainer.policy.backends import GenerationBackend, get_backend, require_vllm
+
 # Re-exported: the hf helpers used to live here.
 from evotrainer.policy.hf_backend import HFBackend, chat_prompt, generate_greedy  # noqa: F401
 

@@ -18,19 +18,18 @@ from rich.console import Console
 
 from evotrainer.api import TaskStats
 from evotrainer.config import Config
+from evotrainer.console import make_console
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessSpec
-from evotrainer.harness.spec import trainer_kwargs
 from evotrainer.harness.repo import HarnessRepo
+from evotrainer.harness.spec import trainer_kwargs
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
-from evotrainer.train.evaluate import (EvalResult, check_backends, eval_backend_name, evaluate,
-                                       make_eval_backend)
+from evotrainer.train.evaluate import EvalResult, check_backends, eval_backend_name, evaluate, make_eval_backend
 from evotrainer.workspace import ensure_workspace
-from evotrainer.console import make_console
 
 
 @dataclass

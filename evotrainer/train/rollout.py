@@ -17,8 +17,9 @@ transformers backend only (policy.backend=vllm is refused for this scaffold).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Task
