@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 WORKDIR ?= evotrainer-work
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup train test test-fast clean
+.PHONY: setup train test test-fast lint clean
 
 setup: $(VENV)/.installed
 	# The SWE task pack's library sources (pinned sdists, fetched with pip; cached after the first time).
@@ -34,6 +34,11 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
+
+# ruff over the whole tree and mypy over the public modules (both configured in pyproject.toml).
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) $(WORKDIR)
