@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import git
 
@@ -39,7 +39,8 @@ Progress = Callable[[int, int], None]
 
 
 def _versions(repo: HarnessRepo, base: str, candidate: str) -> tuple[HarnessVersion, HarnessVersion]:
-    return tuple(HarnessVersion(sha, repo.sources(sha)) for sha in (repo.resolve(base), repo.resolve(candidate)))
+    return cast("tuple[HarnessVersion, HarnessVersion]",
+                tuple(HarnessVersion(sha, repo.sources(sha)) for sha in (repo.resolve(base), repo.resolve(candidate))))
 
 
 def _run_and_decide(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
@@ -148,7 +149,7 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
     finally:
         if own_store:
             store.close()
-    new_metrics = run.metrics or {"base": None, "candidate": None}
+    new_metrics = run.metrics if run.metrics else {"base": None, "candidate": None}
     mismatches = []
     for side in ("base", "candidate"):
         before, after = old["metrics"][side] or {}, new_metrics[side] or {}

@@ -33,7 +33,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 EPS = 1e-9
 # name -> True when lower is better
@@ -203,7 +203,7 @@ class Tally:
             return x
 
         try:
-            tally = cls(**dict(zip(cls._COUNTERS, map(count, data["counts"]), strict=True)),
+            tally = cls(**cast("dict[str, Any]", dict(zip(cls._COUNTERS, map(count, data["counts"]), strict=True))),
                         seconds=real(float(data["seconds"])))
             tally.positive_reward.partials = [real(x) for x in data["positive"]]
             tally.flagged_reward.partials = [real(x) for x in data["flagged"]]

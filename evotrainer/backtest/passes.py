@@ -126,6 +126,7 @@ def replay(store: Store, selection: Selection, runs: list[SideRun], chunks: Iter
 
     def weight_of(run: SideRun) -> Callable[[str], float | None]:
         drawn_shares, own = base(), run.shares
+        assert drawn_shares is not None and own is not None  # score() waits until both are known
 
         def weight(task: str) -> float | None:  # p(task) under this harness over p(task) under the base
             drawn = drawn_shares.get(task, 0.0)

@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import FrameType
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
 from evotrainer.harness.sandbox import CandidateFailure, SandboxedHarness
@@ -69,13 +70,13 @@ def _forget_the_parent() -> None:
     keyed by the directory it started in: harness code would learn where the workspace is."""
     import multiprocessing.process
 
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         data = frame.f_locals.get("preparation_data") if frame.f_code.co_name == "_main" else None
         if isinstance(data, dict):
             data.clear()
         frame = frame.f_back
-    multiprocessing.process.ORIGINAL_DIR = os.getcwd()
+    multiprocessing.process.ORIGINAL_DIR = os.getcwd()  # type: ignore[attr-defined]  # real, not in typeshed
     sys.argv[:] = ["evotrainer-sandbox"]
     # sys.path stays: our own code is imported through it. With `python -m` run inside the
     # workspace it holds the workspace, and so does the fork server's command line: that is

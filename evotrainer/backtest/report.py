@@ -48,7 +48,7 @@ def build_report(backtest_id: str, *, base_rev: str, base_sha: str, candidate_re
         "selector": selection.selector.to_json(),
         "n_rollouts": selection.count,
         "rollout_ids_sha256": selection.ids_sha256,
-        "metrics": run.metrics or {"base": None, "candidate": None},
+        "metrics": run.metrics if run.metrics else {"base": None, "candidate": None},
         "deltas": deltas(run.metrics),
         "decision": decision.decision,
         "reasons": decision.reasons,

@@ -67,6 +67,7 @@ class ChunkReader:
         if chunk[0] == "seqs":
             return self.store.rows_at(chunk[1], COLUMNS, raw_json=True)
         _, lo, hi = chunk
+        assert self.scope is not None  # range chunks come only from a scoped selection (plan_chunks)
         return self.store.group_rows(self.scope, lo, hi, COLUMNS, raw_json=True)
 
 

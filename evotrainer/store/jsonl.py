@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Literal, TextIO, cast, overload
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -65,6 +65,10 @@ def dumps(sr: StoredRollout) -> str:
     return json.dumps(to_export_dict(sr), sort_keys=True, ensure_ascii=False)
 
 
+@overload
+def _number(value: Any, name: str, nullable: Literal[False]) -> float: ...
+@overload
+def _number(value: Any, name: str, nullable: bool = True) -> float | None: ...
 def _number(value: Any, name: str, nullable: bool = True) -> float | None:
     if value is None and nullable:
         return None
@@ -134,17 +138,18 @@ def _binary(source: Path | str | TextIO | BinaryIO) -> tuple[BinaryIO, bool]:
     if isinstance(source, (str, Path)):
         return open(source, "rb"), True
     if isinstance(source, io.TextIOBase):
-        buffer = getattr(source, "buffer", None)
+        buffer: BinaryIO | None = getattr(source, "buffer", None)
         if buffer is None:  # an in-memory text stream: lone surrogates stay invalid bytes
             return io.BytesIO(source.read().encode("utf-8", "surrogatepass")), True
         source = buffer
+    source = cast(BinaryIO, source)  # a text stream is an io.TextIOBase: swapped for its bytes above
     if source.seekable():
         return source, False
     # stdin: spooled to disk past 64 MiB, so a big import does not sit in memory
     spool = tempfile.SpooledTemporaryFile(max_size=64 * 2**20)
     shutil.copyfileobj(source, spool, 2**20)
     spool.seek(0)
-    return spool, True
+    return cast(BinaryIO, spool), True
 
 
 def import_jsonl(store: Store, source: Path | str | TextIO | BinaryIO, *, skip_bad: bool = False

@@ -129,14 +129,14 @@ def check_columns(sr: StoredRollout) -> None:
             raise ValueError(f"field {field!r} must not be empty")
         if _CONTROL.search(value):
             raise ValueError(f"field {field!r} holds a control character (such as NUL)")
-        limit = _COLUMNS[name].type.length
+        limit = _COLUMNS[name].type.length  # type: ignore[attr-defined]  # a String column; stubs: TypeEngine
         if len(value) > limit:
             raise ValueError(f"field {field!r} is {len(value)} characters, over the store's {limit}")
-    for name, value in (("num_tokens", r.num_tokens), ("step", sr.step), ("seed", sr.seed)):
-        if value is None:
+    for name, number in (("num_tokens", r.num_tokens), ("step", sr.step), ("seed", sr.seed)):
+        if number is None:
             continue
         bits = 64 if isinstance(_COLUMNS[name].type, BigInteger) else 32
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+        if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
             field = name if name == "num_tokens" else f"meta.train.{name}"
             raise ValueError(f"field {field!r} is out of range for the store (a {bits}-bit integer)")
 

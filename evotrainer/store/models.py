@@ -109,7 +109,8 @@ class RolloutRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-ROLLOUT_ID_CHARS: int = RolloutRow.__table__.c.id.type.length  # the longest rollout id the store holds
+# The longest rollout id the store holds (a String column: its stubs type it TypeEngine, with no length).
+ROLLOUT_ID_CHARS: int = RolloutRow.__table__.c.id.type.length  # type: ignore[attr-defined]
 
 
 class Counter(Base):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -86,7 +86,7 @@ class ReplayReads:
         g = list(columns).index("group_id")
         query = scope.where(select(*rollout_columns(columns, raw_json)))
         with self.engine.connect() as conn:
-            rows = conn.execute(query.where(c.seq >= lo, c.seq <= hi).order_by(c.seq)).all()
+            rows = cast("list[Any]", conn.execute(query.where(c.seq >= lo, c.seq <= hi).order_by(c.seq)).all())
             local: dict[str, int] = {}
             for r in rows:
                 local[r[g]] = local.get(r[g], 0) + 1

@@ -23,7 +23,7 @@ def chunks(items: Iterable[Any], size: int = IN_CHUNK) -> Iterator[list[Any]]:
         yield chunk
 
 
-def by_id_or_prefix(s: Session, model: type, key: str, what: str) -> Any:
+def by_id_or_prefix(s: Session, model: type[Any], key: str, what: str) -> Any:
     """The row with this id, else the one whose id starts with it; ValueError if several do."""
     row = s.get(model, key)
     if row is None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Select, case, create_engine, event, func, insert, select, text, update
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import Select, Table, case, create_engine, event, func, insert, select, text, update
+from sqlalchemy.engine import CursorResult, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -63,12 +63,12 @@ def _draw_seqs(s: Session, n: int) -> int:
     never see a seq while a lower one is still uncommitted, which keyset paging on seq and
     `until_seq` pinning rely on (a plain sequence would hand out numbers that commit out of order).
     """
-    table = Counter.__table__
-    done = s.execute(update(table).where(table.c.name == ROLLOUT_SEQ).values(value=table.c.value + n))
+    table = cast(Table, Counter.__table__)
+    done = cast("CursorResult[Any]", s.execute(update(table).where(table.c.name == ROLLOUT_SEQ).values(value=table.c.value + n)))
     if done.rowcount == 0:  # the counter row was removed: rebuild it from the rows themselves
         start = s.scalar(select(func.max(RolloutRow.seq))) or 0
         s.execute(insert(table).values(name=ROLLOUT_SEQ, value=start + n))
-    return s.scalar(select(table.c.value).where(table.c.name == ROLLOUT_SEQ)) - n + 1
+    return cast(int, s.scalar(select(table.c.value).where(table.c.name == ROLLOUT_SEQ))) - n + 1
 
 
 def _float(value: float | None) -> float | None:
@@ -130,6 +130,7 @@ class Store(LessonRows, ReplayReads, ViewReads):
             # One shared connection, or every session would see its own empty in-memory db.
             kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
         elif is_sqlite:
+            assert parsed.database is not None  # the branch above took None
             kwargs.update(connect_args={"timeout": 30})
             # Answers and hidden tests live here: no sandboxed command may read or change them.
             protect(*(parsed.database + suffix for suffix in ("", "-wal", "-shm", "-journal")))
@@ -281,7 +282,7 @@ class Store(LessonRows, ReplayReads, ViewReads):
                 .where(Round.run_id == run_id, Round.finished_at.is_not(None))
                 .order_by(Round.index.desc()).limit(1)
             ).first()
-            return (row.index, row.adapter_path) if row else None
+            return (row[0], row[1]) if row else None
 
     def rounds(self, run_id: int) -> list[dict[str, Any]]:
         """A run's rounds, by index."""
@@ -499,7 +500,7 @@ class Store(LessonRows, ReplayReads, ViewReads):
             return dict(row.report) if row else None
 
     @staticmethod
-    def _get(s: Session, model: type, pk: int) -> Any:
+    def _get(s: Session, model: type[Base], pk: int) -> Any:
         obj = s.get(model, pk)
         if obj is None:
             raise KeyError(f"no {model.__tablename__} row with id {pk}")
