@@ -27,9 +27,8 @@ weight, against collapse onto a moving frontier.
 """
 
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from evotrainer.api import TaskStats
 
@@ -38,7 +37,7 @@ STRATA = ("new", "unsolved", "hard", "mid", "easy", "mastered")
 KEEP_ORDER = ("mid", "hard", "easy", "new", "unsolved", "mastered")
 
 
-def _default_shares() -> dict[str, float]:
+def _default_shares() -> Dict[str, float]:
     return {"mid": 0.6, "hard": 0.12, "easy": 0.12, "new": 0.12, "unsolved": 0.02, "mastered": 0.02}
 
 
@@ -84,7 +83,7 @@ class StrataPolicy:
         return int(round(self.anchor_share * self.capacity))
 
 
-def _num(value: Any) -> float | None:
+def _num(value: Any) -> Optional[float]:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
 
@@ -97,14 +96,14 @@ def sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
-def observed(n: float, k: float) -> tuple[float, float]:
+def observed(n: float, k: float) -> Tuple[float, float]:
     """k successes of n attempts as a belief (mean, variance) in logit space: the Jeffreys
     posterior mean and its delta-method variance, finite even at 0 or n successes."""
     p = (k + 0.5) / (n + 1.0)
     return logit(p), 1.0 / ((n + 1.0) * p * (1.0 - p))
 
 
-def belief(stats: TaskStats) -> tuple[float, float] | None:
+def belief(stats: TaskStats) -> Optional[Tuple[float, float]]:
     """The current pass rate as (mean, variance) in logit space; None without evidence."""
     mean, var = _num(stats.meta.get("logit")), _num(stats.meta.get("logit_var"))
     if mean is not None and var is not None and var > 0:
@@ -115,7 +114,7 @@ def belief(stats: TaskStats) -> tuple[float, float] | None:
     return observed(stats.attempts, stats.successes) if stats.attempts else None
 
 
-def evidence(stats: TaskStats) -> tuple[int, float | None]:
+def evidence(stats: TaskStats) -> Tuple[int, Optional[float]]:
     """(attempts in all, pass rate): the memory's belief when it supplies one, else the
     recent-window rate from meta when present, else successes / attempts; None without attempts."""
     b = _num(stats.meta.get("logit"))
@@ -140,7 +139,7 @@ def band_chance(stats: TaskStats, policy: "StrataPolicy") -> float:
     return max(0.0, below(policy.hi) - below(policy.lo))
 
 
-def stratum(attempts: int, rate: float | None, policy: StrataPolicy, chance: float = 0.0) -> str:
+def stratum(attempts: int, rate: Optional[float], policy: StrataPolicy, chance: float = 0.0) -> str:
     """The stratum of a task; `chance` is its belief's mass in the band (see band_chance)."""
     if attempts < policy.min_attempts or rate is None:
         return "new"
@@ -157,14 +156,14 @@ def stratum(attempts: int, rate: float | None, policy: StrataPolicy, chance: flo
     return "mid"
 
 
-def distance(rate: float | None, policy: StrataPolicy) -> float:
+def distance(rate: Optional[float], policy: StrataPolicy) -> float:
     """How far a pass rate lies outside the band (0 inside it, or when unknown)."""
     if rate is None:
         return 0.0
     return max(policy.lo - rate, rate - policy.hi, 0.0)
 
 
-def place(stats: TaskStats, policy: StrataPolicy) -> tuple[str, float]:
+def place(stats: TaskStats, policy: StrataPolicy) -> Tuple[str, float]:
     """(stratum, chance of lying in the band). A task never solved stays "unsolved" until its
     belief (which may have drifted up since it was last seen) reaches `mid_chance`. A task whose
     belief is a prior (meta `prior`: a variant starting from its parent's belief) is placed by
@@ -178,7 +177,7 @@ def place(stats: TaskStats, policy: StrataPolicy) -> tuple[str, float]:
     return stratum(attempts, rate, policy, chance), chance
 
 
-def forgettable(stats: TaskStats, policy: StrataPolicy) -> str | None:
+def forgettable(stats: TaskStats, policy: StrataPolicy) -> Optional[str]:
     """Why the current model no longer needs this task, or None: "mastered" (rate at or above
     `mastered_at` over at least `evict_mastered_after` attempts) or "unsolvable" (never solved
     in `give_up_after` attempts, all time)."""
@@ -194,12 +193,12 @@ def forgettable(stats: TaskStats, policy: StrataPolicy) -> str | None:
 class Plan:
     """What the memory holds and how to sample from it."""
 
-    weights: dict[str, float]  # task_id -> sampling weight (0: not in memory)
-    strata: dict[str, str]  # task_id -> stratum
-    anchors: tuple[str, ...]
-    evicted: dict[str, str]  # task_id -> why ("mastered", "unsolvable", "capacity")
+    weights: Dict[str, float]  # task_id -> sampling weight (0: not in memory)
+    strata: Dict[str, str]  # task_id -> stratum
+    anchors: Tuple[str, ...]
+    evicted: Dict[str, str]  # task_id -> why ("mastered", "unsolvable", "capacity")
 
-    def mass(self) -> dict[str, float]:
+    def mass(self) -> Dict[str, float]:
         """Share of the sampling weight per stratum (anchors counted in their own strata)."""
         total = sum(self.weights.values()) or 1.0
         out = {s: 0.0 for s in STRATA}
@@ -217,15 +216,15 @@ def plan(task_stats: Sequence[TaskStats], policy: StrataPolicy) -> Plan:
     share of empty strata, goes to "new" tasks when there are any (to place them), else to the
     present strata in proportion to their shares. The weights always sum to 1.
     """
-    placed: list[tuple[TaskStats, str, str | None]] = []
-    chance: dict[str, float] = {}
+    placed: List[Tuple[TaskStats, str, Optional[str]]] = []
+    chance: Dict[str, float] = {}
     for s in task_stats:
         st, chance[s.task_id] = place(s, policy)
         placed.append((s, st, forgettable(s, policy)))
     anchors = tuple(s.task_id for s, _, _ in placed[: policy.n_anchors])
     anchor_set = set(anchors)
-    evicted: dict[str, str] = {}
-    candidates: list[tuple[int, int, str]] = []
+    evicted: Dict[str, str] = {}
+    candidates: List[Tuple[int, int, str]] = []
     for order, (s, st, why) in enumerate(placed):
         if s.task_id in anchor_set:
             continue
@@ -239,7 +238,7 @@ def plan(task_stats: Sequence[TaskStats], policy: StrataPolicy) -> Plan:
     for _, _, tid in candidates[room:]:
         evicted[tid] = "capacity"
     strata = {s.task_id: st for s, st, _ in placed}
-    members: dict[str, list[str]] = {}
+    members: Dict[str, List[str]] = {}
     for s, st, _ in placed:
         if s.task_id in kept:
             members.setdefault(st, []).append(s.task_id)
@@ -265,8 +264,8 @@ def plan(task_stats: Sequence[TaskStats], policy: StrataPolicy) -> Plan:
     return Plan(weights, strata, anchors, evicted)
 
 
-def stratified_weights(task_stats: Sequence[TaskStats], policy: StrataPolicy | None = None,
-                       **overrides: Any) -> dict[str, float]:
+def stratified_weights(task_stats: Sequence[TaskStats], policy: Optional[StrataPolicy] = None,
+                       **overrides: Any) -> Dict[str, float]:
     """The curriculum.py contract: task_stats -> {task_id: weight}, per `plan`. When forgetting
     and the capacity cut leave nothing to sample, every task weighs the same."""
     policy = policy or StrataPolicy(**overrides)
