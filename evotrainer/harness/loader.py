@@ -40,6 +40,7 @@ CODE_FILES: dict[str, tuple[str, ...]] = {
 }
 HARNESS_FILES = (SPEC_FILE, *CODE_FILES)
 DIMENSIONS = ("result", "behaviour", "efficiency", "model_state", "test_structure")
+API_PACKAGE = "evotrainer.api"  # every module in it is harness-facing: it imports what harness code may
 DIRECTIONS = ("above", "below")
 
 
@@ -174,16 +175,22 @@ def _call(filename: str, func: str, fn: Callable[..., Any], *args: Any) -> Any:
         raise HarnessError(f"{filename}: {func}() raised {type(exc).__name__}: {exc}") from exc
 
 
+def is_api_module(module: str) -> bool:
+    """Whether `module` is of the evotrainer.api package (the contract and the standard probes),
+    the only part of evotrainer harness code may import."""
+    return module == API_PACKAGE or module.startswith(API_PACKAGE + ".")
+
+
 def _allowed_import(module: str) -> bool:
     top = module.split(".")[0]
     if top == "evotrainer":
-        return module == "evotrainer.api"
+        return is_api_module(module)
     return top == "numpy" or top in sys.stdlib_module_names
 
 
 def check_imports(source: str, filename: str) -> None:
-    """Reject imports beyond evotrainer.api, numpy and the standard library (static check only;
-    a sandboxed worker is what stops `__import__` tricks)."""
+    """Reject imports beyond evotrainer.api (and its evotrainer.api.probes), numpy and the
+    standard library (static check only; a sandboxed worker is what stops `__import__` tricks)."""
     try:
         tree = ast.parse(source, filename=filename)
     except (SyntaxError, ValueError) as exc:
@@ -202,7 +209,8 @@ def check_imports(source: str, filename: str) -> None:
             if not _allowed_import(name):
                 raise HarnessError(
                     f"{filename}: import of {name!r} at line {node.lineno} is not allowed "
-                    "(harness files import only evotrainer.api, numpy and the standard library)"
+                    "(harness files import only evotrainer.api, evotrainer.api.probes, numpy and the "
+                    "standard library)"
                 )
 
 
