@@ -186,6 +186,11 @@ def test_one_grpo_step_with_the_agent_scaffold(task_file, tmp_path, embedded_mod
         assert "text_probe" in row.reward_components and row.advantage is not None
     episodes = rollout_func.last_batch
     assert sorted(e.rollout.num_tokens for e in episodes) == sorted(r.rollout.num_tokens for r in rows)
+    stored = {row.rollout.id: row.rollout.meta for row in rows}
+    for e in episodes:  # model state over the model's own tokens (train/sample_stats.py)
+        meta = stored[e.rollout.id]
+        assert ("entropy" in meta) == any(e.env_mask)
+        assert all(math.isfinite(meta[k]) for k in ("mean_logprob", "entropy", "kl") if k in meta)
 
     # The batch the loss used: environment tokens are in the completion but out of the loss mask.
     batch = trainer._buffered_inputs[0]

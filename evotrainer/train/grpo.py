@@ -11,6 +11,9 @@ own upper clip. The batch carries it as a (B,) column `clip_high`, which TRL shu
 with the other rows; `_compute_loss` hands it to TRL's loss as epsilon_high, shaped (B, 1) (and
 epsilon_low as a column of its one value), which broadcasts over the tokens wherever TRL clamps
 or counts clipped ratios.
+
+Model state (train/sample_stats.py): after generation, each rollout's mean log-probability,
+entropy and KL to the reference go into its stored meta, where the model_state probes read them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from trl import GRPOTrainer
 from evotrainer.experience.inject import ExperienceInjector
 from evotrainer.train.credit import Labeller, StepCredit
 from evotrainer.train.recorder import RolloutRecorder
+from evotrainer.train.sample_stats import sample_stats
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
@@ -40,13 +44,14 @@ class HarnessGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return output
+        stats = sample_stats(self, output)  # per-rollout meta for the model_state probes
         if self.experience is not None:  # the loss sees clean prompts (experience/inject.py)
             output = self.experience.strip(self, output)
             if self.experience.clip_high is not None:
                 output["clip_high"] = clip_column(self.experience.last_lessons, self.experience.clip_high,
                                                   self.epsilon_high, output["advantages"].device)
         advantages = output["advantages"]
-        kept = self.recorder.finalize(advantages.tolist(), self.num_generations)
+        kept = self.recorder.finalize(advantages.tolist(), self.num_generations, stats)
         keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)
         output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).int()
         output["advantages"] = advantages * keep

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Domain, Task
@@ -102,17 +102,23 @@ class RolloutRecorder:
             meta={"level": task.level, "answer": task.answer, "split": task.split, **extra},
         )
 
-    def finalize(self, advantages: Sequence[float], group_size: int) -> list[bool]:
-        """Apply the harness filters, store the batch, and return the kept mask."""
+    def finalize(self, advantages: Sequence[float], group_size: int,
+                 stats: Sequence[Mapping[str, float]] | None = None) -> list[bool]:
+        """Apply the harness filters, store the batch, and return the kept mask. `stats`: per
+        rollout, model-state means for its meta (train/sample_stats.py)."""
         if len(advantages) != len(self.pending):
             raise RuntimeError(f"{len(advantages)} advantages for {len(self.pending)} rollouts")
+        if stats is not None and len(stats) != len(self.pending):
+            raise RuntimeError(f"{len(stats)} model-state rows for {len(self.pending)} rollouts")
+        extra = stats or [{}] * len(self.pending)
         kept: list[bool] = []
         rows: list[StoredRollout] = []
         groups = []
         for start in range(0, len(self.pending), group_size):
             group = self.pending[start:start + group_size]
             group_id = uuid.uuid4().hex
-            groups.append(([replace(r, group_id=group_id) for r, _, _ in group], [rw for _, _, rw in group]))
+            groups.append(([replace(r, group_id=group_id, meta={**r.meta, **extra[start + j]})
+                            for j, (r, _, _) in enumerate(group)], [rw for _, _, rw in group]))
         decisions = self.harness.filters(groups)  # every group of the step in one request
         for g, ((rollouts, _), keeps) in enumerate(zip(groups, decisions)):
             start = g * group_size
