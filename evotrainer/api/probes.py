@@ -32,12 +32,12 @@ ERROR = re.compile(r"Traceback \(most recent call last\)|^\w*(?:Error|Exception)
                    r"|No such file or directory|exit (?:code|status) [1-9]", re.M | re.I)
 NGRAM, ECHO_REPEATS, ECHO_TURNS = 4, 3, 60
 
-# meta key -> what the trainer stores there for each training rollout: per-token means over the
-# tokens the policy sampled, under the policy that sampled them (at the sampling temperature).
+# meta key -> what the trainer stores there for each rollout it trained on: per-token means over
+# its loss tokens, under the policy that sampled it (train/sample_stats.py).
 MODEL_STATE_KEYS = {
-    "mean_logprob": "log-probability of each sampled token",
+    "mean_logprob": "log-probability of each sampled token, at the sampling temperature",
     "entropy": "entropy of the next-token distribution",
-    "kl": "KL to the reference model (TRL's k3 estimate; the base model when beta is 0)",
+    "kl": "KL to the reference model (TRL's k3 estimate); only where harness.yaml sets beta > 0",
 }
 
 
@@ -236,7 +236,7 @@ def truncation_rate(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> fl
 
 def mean_logprob(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "float | None":
     """Mean per-token logprob of the sampled text; near 0 means the policy stopped exploring.
-    None for rollouts that were not sampled in training (imported ones)."""
+    None for rollouts no training step measured (imported ones, ones a filter dropped)."""
     return meta_mean(rollouts, "mean_logprob")
 
 
@@ -246,7 +246,7 @@ def mean_entropy(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "floa
 
 
 def mean_kl(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> "float | None":
-    """Mean per-token KL of the policy to its reference (the base model with beta 0)."""
+    """Mean per-token KL of the policy to its reference; measured only with beta > 0."""
     return meta_mean(rollouts, "kl")
 
 

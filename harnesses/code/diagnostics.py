@@ -4,11 +4,13 @@ Thresholds with a source: dead data > 50% is critical, average turns < 5 is crit
 are > 60 turns without success. The rest are starting points the outer agent may revise; a probe
 of its own is a function fn(rollouts, rewards) -> float | None and one more `probe(...)` entry.
 mean_tokens is measured against this seed's max_completion_length of 128.
+The library's mean_kl is left out: the trainer measures KL only where harness.yaml sets
+beta > 0 (with beta 0 it would always read n/a); a harness that sets beta adds it.
 """
 
 from evotrainer.api.probes import (abandonment_rate, dead_group_ratio, duplicate_rate, echo_trap_rate,
                                    empty_rate, error_streak_rate, format_error_rate, judge_drift,
-                                   mean_entropy, mean_kl, mean_logprob, mean_tokens, mean_turns,
+                                   mean_entropy, mean_logprob, mean_tokens, mean_turns,
                                    patch_apply_rate, probe, proxy_auc_gap, reward_success_gap,
                                    success_rate, tampering_rate, truncation_rate)
 
@@ -28,7 +30,6 @@ PROBES = [  # name, dimension, fn, warn, critical, direction
     probe("truncation_rate", "efficiency", truncation_rate, 0.1, 0.3, "above"),
     probe("mean_logprob", "model_state", mean_logprob, -0.05, -0.01, "above"),
     probe("mean_entropy", "model_state", mean_entropy, 0.1, 0.03, "below"),
-    probe("mean_kl", "model_state", mean_kl, 0.1, 0.5, "above"),
     probe("tampering_rate", "test_structure", tampering_rate, 0.0, 0.05, "above"),
     probe("patch_apply_rate", "test_structure", patch_apply_rate, 0.8, 0.5, "below"),
     probe("judge_drift", "result", judge_drift, 0.25, 0.4, "above"),
