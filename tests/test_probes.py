@@ -1,11 +1,13 @@
 """The standard probe library (evotrainer.api.probes): harness code may import it, and that grants
 harness code nothing. Attacks: a callback handed to the library that imports what a harness may
 not, from inside a real sandbox worker; and a static read of the package for anything but pure
-computation."""
+computation. Also the trainer side that feeds the model-state probes (the real GRPO steps that
+check it against TRL's logs are in tests/test_train.py)."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,35 @@ def sneak(rollouts, rewards):
         assert values["sneak"] == 0.0
         assert honest.probe_values(rollouts, [0.0] * 10)["success_rate"] == pytest.approx(0.1)
     assert load_harness(HARNESSES_DIR / "math").probe_values(rollouts, [0.0] * 10)["success_rate"] == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------- the trainer's side
+
+
+def test_the_loss_makes_the_one_pass_the_trainer_measures():
+    # HarnessGRPOTrainer keeps the per-token values of the call with compute_entropy=True that
+    # GRPOTrainer._compute_loss makes; in the pinned TRL it is that method's only such call.
+    from trl import GRPOTrainer
+
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert loss.count("self._get_per_token_logps_and_entropies(") == 1 and "compute_entropy=True" in loss
+    assert "compute_entropy=True" not in inspect.getsource(GRPOTrainer._generate_and_score_completions)
+
+
+def test_row_means_count_only_the_loss_tokens():
+    import torch
+
+    from evotrainer.train.sample_stats import row_means
+
+    logps = torch.tensor([[-1.0, -3.0, -9.0], [-2.0, -2.0, -2.0], [-0.5, -0.5, -0.5]])
+    entropies = torch.tensor([[1.0, 2.0, 9.0], [0.5, 0.5, 0.5], [3.0, 3.0, 3.0]])
+    inputs = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]]),
+              "tool_mask": torch.tensor([[1, 1, 1], [1, 0, 1], [1, 1, 1]])}
+    rows = row_means(logps, entropies, inputs)
+    assert rows[0] == {"mean_logprob": -2.0, "entropy": 1.5}  # the padding after the end is out
+    assert rows[1] == {"mean_logprob": -2.0, "entropy": 0.5}  # and the environment's tokens
+    assert rows[2] == {}  # a row out of the loss (a filter dropped it)
+    ref = logps + torch.tensor([[0.1, 0.1, 5.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    rows = row_means(logps, entropies, {**inputs, "ref_per_token_logps": ref})
+    k3 = torch.exp(torch.tensor(0.1)) - 0.1 - 1  # TRL's estimator of its KL term
+    assert rows[0]["kl"] == pytest.approx(float(k3)) and rows[1]["kl"] == 0.0 and "kl" not in rows[2]
