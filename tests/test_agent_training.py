@@ -101,6 +101,7 @@ def test_every_ending_is_a_named_stored_outcome(task_file, tmp_path):
                        completion_ids=[[1]] * 5, task_id=[task.task_id] * 5, agent_rollout=rollouts)
     assert rewards[0] == 1.0 and rewards[1:] == [0.0] * 4
     recorder.finalize([0.8, -0.2, -0.2, -0.2, -0.2], group_size=5)
+    recorder.commit()  # the trainer commits once its loss pass has measured the batch
     stored = {row.rollout.meta["exit_status"]: row for row in store.iter_rollouts()}
     assert set(stored) == set(expected)
     for status, row in stored.items():
@@ -186,6 +187,12 @@ def test_one_grpo_step_with_the_agent_scaffold(task_file, tmp_path, embedded_mod
         assert "text_probe" in row.reward_components and row.advantage is not None
     episodes = rollout_func.last_batch
     assert sorted(e.rollout.num_tokens for e in episodes) == sorted(r.rollout.num_tokens for r in rows)
+    stored = {row.rollout.id: row for row in rows}
+    for e in episodes:  # model state over the model's own tokens (train/sample_stats.py)
+        row = stored[e.rollout.id]
+        meta = row.rollout.meta
+        assert ("entropy" in meta) == (any(e.env_mask) and row.kept) and "kl" not in meta  # beta 0
+        assert all(math.isfinite(meta[k]) for k in ("mean_logprob", "entropy") if k in meta)
 
     # The batch the loss used: environment tokens are in the completion but out of the loss mask.
     batch = trainer._buffered_inputs[0]

@@ -1,6 +1,8 @@
 """The inner loop with the real embedded model: a 2-step GRPO round, resume, and kill safety."""
 
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -8,9 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from evotrainer.config import load_config
-from evotrainer.paths import CONFIGS_DIR
+from evotrainer.diagnose import health_report
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.store import Store
 
 pytestmark = pytest.mark.slow
@@ -48,6 +52,14 @@ def check_round_and_resume(tmp_path, overrides=()):
         assert row.harness_version == session.harness.version
         assert row.run_id == session.run_id and row.round_id is not None and row.step in (0, 1)
         assert r.meta["answer"] and r.meta["split"] == "train"
+        # model state for the probes, from the loss's forward pass (train/sample_stats.py); the
+        # seed's beta is 0, so there is no reference to measure a KL against
+        assert r.meta["mean_logprob"] <= 0 and r.meta["entropy"] >= 0 and "kl" not in r.meta
+        assert math.isfinite(r.meta["mean_logprob"]) and math.isfinite(r.meta["entropy"])
+    report = health_report(session.harness, rows)
+    model_state = [p for p in report.probes if p.dimension == "model_state"]
+    assert {p.name for p in model_state} == {"mean_logprob", "mean_entropy"}
+    assert all(p.value is not None for p in model_state)
     # GRPO advantages are centred within each group.
     groups = {}
     for row in rows:
@@ -108,3 +120,48 @@ def test_kill_mid_round_loses_no_scored_rollout(tmp_path, embedded_model_dir):
         after_kill = s.count_rollouts()
         assert after_kill >= seen and after_kill % 8 == 0  # whole steps, nothing half-written
         assert s.last_finished_round(s.run_id("tiny")) is None
+
+
+def test_model_state_meta_matches_what_trl_logs(tmp_path, embedded_model_dir):
+    """Two real GRPO steps with a KL term (beta > 0): each stored rollout's entropy and KL,
+    weighted by its tokens, average to the `entropy` and `kl` TRL logs for its step (they come
+    from the same forward pass of the loss)."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+
+    from evotrainer.policy import load_policy
+    from evotrainer.train.grpo import HarnessGRPOTrainer
+    from evotrainer.train.loop import build_peft, grpo_args, open_session
+    from evotrainer.train.recorder import RolloutRecorder, RoundContext
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    harness = tmp_path / "harness"
+    shutil.copytree(HARNESSES_DIR / "math", harness)
+    spec = yaml.safe_load((harness / "harness.yaml").read_text())
+    spec["grpo"].update(beta=0.04, num_generations=4, max_completion_length=16, learning_rate=1e-3)
+    (harness / "harness.yaml").write_text(yaml.safe_dump(spec))
+    session = open_session(load_config(TINY, [f"harness={harness}", "run_name=model-state"]), tmp_path / "work")
+    model, tokenizer = load_policy(session.config.policy.model, None, trainable=True)
+    model = build_peft(model, session.grpo)
+    round_id = session.store.start_round(session.run_id, 0, session.harness.version, "base")
+    tasks = session.train_tasks[:2]
+    recorder = RolloutRecorder(session.domain, {t.task_id: t for t in tasks}, session.harness, session.store,
+                               RoundContext(session.run_id, round_id, "base", session.harness.version, 0),
+                               stop_token_ids=[tokenizer.eos_token_id, tokenizer.pad_token_id])
+    prompts = session.harness.render_prompts([t.prompt for t in tasks])
+    rows = [{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id} for t, p in zip(tasks, prompts)]
+    trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, 2, 0, tmp_path / "trainer"),
+                                 train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder)
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+
+    stored = list(session.store.iter_rollouts(run_id=session.run_id))
+    assert len(stored) == 2 * 4
+    for step, logged in enumerate(trainer.state.log_history[:2]):
+        batch = [row.rollout for row in stored if row.step == step]
+        tokens = sum(r.num_tokens for r in batch)  # single-turn: every sampled token is a loss token
+        for key in ("entropy", "kl"):
+            ours = sum(r.meta[key] * r.num_tokens for r in batch) / tokens
+            assert ours == pytest.approx(logged[key], rel=1e-4, abs=1e-7), (step, key)
+        assert all(r.meta["mean_logprob"] < 0 for r in batch)
+    assert trainer.state.log_history[1]["kl"] > 0  # the first step moved the policy off its reference

@@ -16,19 +16,28 @@ import itertools
 import math
 import numbers
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from jinja2 import StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
 from evotrainer.api import Rollout, TaskStats, Turn
 from evotrainer.harness.errors import HarnessError
+
 # harness.yaml lives in spec.py; its names stay importable from here
-from evotrainer.harness.spec import (GRPO_KEYS, LOSS_TYPES, RATIO_CLIP_LOSSES, SCALE_REWARDS, SPEC_FILE,  # noqa: F401
-                                     HarnessSpec, parse_spec)
+from evotrainer.harness.spec import (  # noqa: F401
+    GRPO_KEYS,
+    LOSS_TYPES,
+    RATIO_CLIP_LOSSES,
+    SCALE_REWARDS,
+    SPEC_FILE,
+    HarnessSpec,
+    parse_spec,
+)
 
 # file -> the functions (or values) it must define
 CODE_FILES: dict[str, tuple[str, ...]] = {
@@ -40,6 +49,7 @@ CODE_FILES: dict[str, tuple[str, ...]] = {
 }
 HARNESS_FILES = (SPEC_FILE, *CODE_FILES)
 DIMENSIONS = ("result", "behaviour", "efficiency", "model_state", "test_structure")
+API_PACKAGE = "evotrainer.api"  # every module in it is harness-facing: it imports what harness code may
 DIRECTIONS = ("above", "below")
 
 
@@ -170,20 +180,26 @@ def _call(filename: str, func: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Call harness code; any exception (or sys.exit) becomes a HarnessError naming file and function."""
     try:
         return fn(*args)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 -- harness faults fail the harness, not the run
+    except (Exception, SystemExit) as exc:
         raise HarnessError(f"{filename}: {func}() raised {type(exc).__name__}: {exc}") from exc
+
+
+def is_api_module(module: str) -> bool:
+    """Whether `module` is of the evotrainer.api package (the contract and the standard probes),
+    the only part of evotrainer harness code may import."""
+    return module == API_PACKAGE or module.startswith(API_PACKAGE + ".")
 
 
 def _allowed_import(module: str) -> bool:
     top = module.split(".")[0]
     if top == "evotrainer":
-        return module == "evotrainer.api"
+        return is_api_module(module)
     return top == "numpy" or top in sys.stdlib_module_names
 
 
 def check_imports(source: str, filename: str) -> None:
-    """Reject imports beyond evotrainer.api, numpy and the standard library (static check only;
-    a sandboxed worker is what stops `__import__` tricks)."""
+    """Reject imports beyond evotrainer.api (and its evotrainer.api.probes), numpy and the
+    standard library (static check only; a sandboxed worker is what stops `__import__` tricks)."""
     try:
         tree = ast.parse(source, filename=filename)
     except (SyntaxError, ValueError) as exc:
@@ -202,7 +218,8 @@ def check_imports(source: str, filename: str) -> None:
             if not _allowed_import(name):
                 raise HarnessError(
                     f"{filename}: import of {name!r} at line {node.lineno} is not allowed "
-                    "(harness files import only evotrainer.api, numpy and the standard library)"
+                    "(harness files import only evotrainer.api, evotrainer.api.probes, numpy and the "
+                    "standard library)"
                 )
 
 
@@ -236,7 +253,7 @@ def _exec_module(filename: str, source: str, path: Path, version: str) -> Module
     sys.modules[name] = module
     try:
         exec(code, module.__dict__)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001
+    except (Exception, SystemExit) as exc:
         raise HarnessError(
             f"{filename}: loading the module ({_needs(filename)}) raised {type(exc).__name__}: {exc}"
         ) from exc
@@ -336,7 +353,7 @@ class Harness:
     def render_prompt(self, question: str, **extra: Any) -> str:
         try:
             return self._template.render(question=question, **extra)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001
+        except (Exception, SystemExit) as exc:
             raise HarnessError(f"rollout.py: rendering PROMPT raised {type(exc).__name__}: {exc}") from None
 
     def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:

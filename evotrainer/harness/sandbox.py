@@ -17,8 +17,10 @@ introspectable, so determined code can switch them off, and then meets the OS sa
   new database connections, and any write, delete, rename or chmod outside the worker's own
   temporary folder (also the working directory);
 - an import guard lets code whose globals are not a real, non-harness module import only
-  `evotrainer.api`, numpy and the pure standard-library modules in ALLOWED_MODULES. This is what
-  stops `__import__("os")`, which the loader's static `check_imports` cannot see.
+  `evotrainer.api` (and `evotrainer.api.probes`), numpy and the pure standard-library modules in
+  ALLOWED_MODULES. This is what stops `__import__("os")`, which the loader's static
+  `check_imports` cannot see. The evotrainer.api package counts as harness code here: it imports
+  only what a harness may.
 
 A refused operation raises PermissionError/ImportError inside the harness *and* is recorded, so a
 harness that swallows the exception still fails. The parent enforces a time budget per harness

@@ -9,14 +9,15 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout, TaskStats, Turn
-from evotrainer.harness.loader import Harness, HarnessError
+from evotrainer.harness.loader import Harness, HarnessError, is_api_module
 from evotrainer.harness.sandbox_failures import CandidateFailure
 
 # Modules harness code may import. Pure: no processes, files, network or interpreter internals.
@@ -136,13 +137,15 @@ def _trusted(frame: Any) -> bool:
     """Whether the code that asks for an import is ours or a library's, not harness code.
 
     A frame whose globals are a real module's namespace is trusted, unless that module is a
-    harness file. Code run with other globals (a Jinja template, an `exec` string) takes the
-    verdict of the nearest caller that does belong to a module.
+    harness file or of evotrainer.api: harness code calls into that package (probes.share(rollouts,
+    fn) calls back), so a function it built with bare globals must not borrow our trust there.
+    Code run with other globals (a Jinja template, an `exec` string) takes the verdict of the
+    nearest caller that does belong to a module.
     """
     while frame is not None:
         globals_ = frame.f_globals
         name = globals_.get("__name__")
-        if isinstance(name, str) and name.startswith(HARNESS_MODULE_PREFIX):
+        if isinstance(name, str) and (name.startswith(HARNESS_MODULE_PREFIX) or is_api_module(name)):
             return False
         module = sys.modules.get(name) if isinstance(name, str) else None
         if module is not None and getattr(module, "__dict__", None) is globals_:
@@ -157,19 +160,19 @@ def _import_problem(name: str, fromlist: Sequence[str], level: int) -> str | Non
     top = name.partition(".")[0]
     if top == "evotrainer":
         wanted = [f"{name}.{f}" for f in fromlist] if name == "evotrainer" and fromlist else [name]
-        bad = [w for w in wanted if w != "evotrainer.api"]
-        return f"import of {bad[0]!r} (harness code sees only evotrainer.api)" if bad else None
+        bad = [w for w in wanted if not is_api_module(w)]
+        return f"import of {bad[0]!r} (harness code sees only evotrainer.api and evotrainer.api.probes)" if bad else None
     if top == "numpy" or name in ALLOWED_MODULES:
         return None
-    return (f"import of {name!r} (allowed: evotrainer.api, numpy and pure standard-library "
-            f"modules such as math, re, json, collections)")
+    return (f"import of {name!r} (allowed: evotrainer.api, evotrainer.api.probes, numpy and pure "
+            f"standard-library modules such as math, re, json, collections)")
 
 
 def _describe(exc: BaseException) -> str:
     """`Type: message` of an exception that harness code made, which may not print."""
     try:
         text = str(exc)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         text = "<unprintable>"
     return f"{type(exc).__name__}: {text[:500]}"
 
@@ -190,7 +193,7 @@ class SandboxedHarness:
             value = method(*args)
         except HarnessError as exc:
             raise CandidateFailure(str(exc), self.label) from None
-        except BaseException as exc:  # noqa: BLE001 -- e.g. an exception whose __str__ raises
+        except BaseException as exc:
             raise CandidateFailure(f"{_CALLS[code]} raised {_describe(exc)}", self.label) from None
         finally:
             marks[1] = 0.0
@@ -269,7 +272,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot, isolation: Mapping[s
     guard.install()
     try:
         state = boot.job.open(guard.trusted_io)
-    except Exception:  # noqa: BLE001
+    except Exception:
         _send(conn, ["error", traceback.format_exc()])
         return
     guard.lock()
@@ -281,7 +284,7 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot, isolation: Mapping[s
         except HarnessError as exc:
             _send(conn, ["failed", label, str(exc)])
             return
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             _send(conn, ["failed", label, f"loading raised {_describe(exc)}"])
             return
         finally:
@@ -304,5 +307,5 @@ def _worker_main(conn: Connection, marks: Any, boot: _Boot, isolation: Mapping[s
             _send(conn, ["done", boot.job.run(state, harnesses, message)])
         except CandidateFailure as failure:
             _send(conn, ["failed", failure.harness, failure.reason])
-        except Exception:  # noqa: BLE001 -- ours, or harness code broke ours: the parent decides
+        except Exception:
             _send(conn, ["error", traceback.format_exc()])

@@ -11,6 +11,12 @@ own upper clip. The batch carries it as a (B,) column `clip_high`, which TRL shu
 with the other rows; `_compute_loss` hands it to TRL's loss as epsilon_high, shaped (B, 1) (and
 epsilon_low as a column of its one value), which broadcasts over the tokens wherever TRL clamps
 or counts clipped ratios.
+
+Model state (train/sample_stats.py): the loss's own forward pass measures each rollout's mean
+log-probability, entropy and (beta > 0) KL, and they go into its stored meta, where the
+model_state probes read them. So the recorder holds each batch until that pass has seen every
+row (a `rollout_index` column follows the rows through TRL's shuffle and split) and stores it
+then, before the backward pass.
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from trl import GRPOTrainer
 from evotrainer.experience.inject import ExperienceInjector
 from evotrainer.train.credit import Labeller, StepCredit
 from evotrainer.train.recorder import RolloutRecorder
+from evotrainer.train.sample_stats import row_means
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
+    _measuring = False  # True while the loss's forward pass runs on rows not yet measured
+    _measured: tuple | None = None  # that pass's (per-token logps, entropies)
+
     def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
                  experience: ExperienceInjector | None = None, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
@@ -32,6 +42,8 @@ class HarnessGRPOTrainer(GRPOTrainer):
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
         # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
         self.experience = experience
+        self._model_state: dict[int, dict[str, float]] = {}  # rollout index -> its means, this batch
+        self._seen: set[int] = set()  # rollout indexes the loss has seen, this batch
 
     def _generate_and_score_completions(self, inputs):
         if self.experience is not None and self.model.training:
@@ -46,7 +58,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
                 output["clip_high"] = clip_column(self.experience.last_lessons, self.experience.clip_high,
                                                   self.epsilon_high, output["advantages"].device)
         advantages = output["advantages"]
-        kept = self.recorder.finalize(advantages.tolist(), self.num_generations)
+        kept = self.recorder.finalize(advantages.tolist(), self.num_generations)  # stored in _compute_loss
         keep = torch.tensor(kept, dtype=torch.bool, device=advantages.device)
         output["completion_mask"] = output["completion_mask"] * keep.unsqueeze(1).int()
         output["advantages"] = advantages * keep
@@ -61,9 +73,35 @@ class HarnessGRPOTrainer(GRPOTrainer):
             loss_mask = loss_mask * output["tool_mask"]
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._log_batch_metrics(kept)
+        output["rollout_index"] = torch.arange(len(kept), device=advantages.device)
+        self._model_state, self._seen = {}, set()
         return output
 
     def _compute_loss(self, model, inputs):
+        index = inputs.get("rollout_index")
+        rows = [] if index is None or not self.model.training else index.tolist()
+        fresh = bool(rows) and self.recorder.unstored is not None and not self._seen.intersection(rows)
+        self._measuring, self._measured = fresh, None
+        try:
+            loss = self._clipped_loss(model, inputs)
+        finally:
+            self._measuring = False
+        if fresh:
+            if self._measured is not None:
+                self._model_state.update(zip(rows, row_means(*self._measured, inputs)))
+            self._seen.update(rows)
+            if len(self._seen) == len(self.recorder.unstored):
+                self.recorder.commit(self._model_state)
+        return loss
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._measuring and kwargs.get("compute_entropy"):  # the loss's own pass (GRPOTrainer._compute_loss)
+            self._measured = out[0].detach(), out[1].detach()
+        return out
+
+    def _clipped_loss(self, model, inputs):
+        """TRL's loss, with each row's own upper clip where the batch carries `clip_high`."""
         clip = inputs.get("clip_high")
         if clip is None:
             return super()._compute_loss(model, inputs)

@@ -2,7 +2,9 @@
 
 The recorder is the reward function TRL calls. It runs the trusted check (verified outcome),
 then the harness reward (named components), and keeps the scored rollouts of the current
-generation batch until the trainer hook has computed advantages and filter decisions. Harness
+generation batch until the trainer hook has computed advantages and filter decisions, and then
+until the loss's forward pass has measured each one (train/sample_stats.py): `commit` stores it
+before the backward pass. Harness
 calls go out as one batch per step (rewards, then filters): with an IsolatedHarness each batch is
 one round trip to its sandbox worker.
 """
@@ -10,8 +12,9 @@ one round trip to its sandbox worker.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Domain, Task
@@ -52,6 +55,7 @@ class RolloutRecorder:
         self.ctx = ctx
         self.stop_token_ids = set(stop_token_ids)
         self.pending: list[tuple[Rollout, dict[str, float], float]] = []
+        self.unstored: list[StoredRollout] | None = None  # filtered and scored, waiting for commit()
         self.step = 0
 
     def __call__(self, prompts, completions, completion_ids, task_id, agent_rollout=None, experience=None,
@@ -103,9 +107,12 @@ class RolloutRecorder:
         )
 
     def finalize(self, advantages: Sequence[float], group_size: int) -> list[bool]:
-        """Apply the harness filters, store the batch, and return the kept mask."""
+        """Apply the harness filters and return the kept mask. The scored batch waits in
+        `unstored` until `commit` (the trainer commits it once its loss has measured each rollout)."""
         if len(advantages) != len(self.pending):
             raise RuntimeError(f"{len(advantages)} advantages for {len(self.pending)} rollouts")
+        if self.unstored is not None:  # a batch no loss pass saw is stored as it is
+            self.commit()
         kept: list[bool] = []
         rows: list[StoredRollout] = []
         groups = []
@@ -126,9 +133,18 @@ class RolloutRecorder:
                     seed=self.ctx.seed, harness_version=self.ctx.harness_version,
                     run_id=self.ctx.run_id, round_id=self.ctx.round_id, step=self.step,
                 ))
-        # Committed before training continues: a kill after this line loses none of these rollouts.
-        self.store.add_rollouts(rows)
-        self.last_batch = rows
+        self.last_batch = self.unstored = rows
         self.pending = []
         self.step += 1
         return kept
+
+    def commit(self, model_state: Mapping[int, Mapping[str, float]] | None = None) -> None:
+        """Store the held batch, rollout i's meta joined with model_state[i] (its means from the
+        loss's forward pass, train/sample_stats.py)."""
+        extra = model_state or {}
+        rows = [replace(row, rollout=replace(row.rollout, meta={**row.rollout.meta, **extra[i]})) if i in extra
+                else row for i, row in enumerate(self.unstored or [])]
+        # Committed before the batch's loss is backpropagated: a kill after this line loses none
+        # of these rollouts.
+        self.store.add_rollouts(rows)
+        self.last_batch, self.unstored = rows, None

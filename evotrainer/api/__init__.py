@@ -1,6 +1,8 @@
 """The public contract between evotrainer and harness code: frozen dataclasses and signatures.
 
-Harness files import only from here. Rollouts travel as JSONL in exactly this shape
+Harness files import only from this package (here and evotrainer.api.probes, the standard
+health probes), so every module in it imports only what harness code may: pure standard-library
+modules, nothing of evotrainer outside it. Rollouts travel as JSONL in exactly this shape
 (`rollout_to_dict` / `rollout_from_dict`), so a user can write a harness against exported
 rollouts without touching the store or the trainer.
 """
