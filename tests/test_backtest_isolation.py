@@ -248,7 +248,9 @@ def _finder(ws) -> str:
     secrets = (str(ws.root), str(ws.root.resolve()))  # the store URL holds them too
     return REACH + f'''
 _os = _sys.modules["os"]
-SECRETS = {secrets!r}
+# Kept reversed: a tuple of the paths themselves is a gc-tracked container until a collection
+# untracks it, so the scan below would find its own constant, as timing allows.
+_REVERSED = {tuple(s[::-1] for s in secrets)!r}
 
 
 def _strings(obj, out):
@@ -263,6 +265,7 @@ def _strings(obj, out):
 
 
 def _look(rollout):
+    wanted = tuple(s[::-1] for s in _REVERSED)
     seen = []
     seen += list(_os.environ.values()) + list(_sys.argv) + list(getattr(_sys, "orig_argv", ()))
     seen.append(_os.getcwd())
@@ -275,7 +278,7 @@ def _look(rollout):
         except OSError:
             pass
     for obj in _gc.get_objects():
-        if obj is seen:
+        if obj is seen or obj is wanted:
             continue
         kind = type(obj)  # never isinstance or getattr: a lazy object would run code
         if kind in (list, tuple, dict, set, frozenset):
@@ -288,7 +291,7 @@ def _look(rollout):
     text = "\\n".join(seen)
     if rollout.id not in text:
         raise RuntimeError("BLIND")
-    hits = [text[max(0, at - 40):at].replace("\\n", "/") for at in range(len(text)) if text.startswith(SECRETS, at)]
+    hits = [text[max(0, at - 40):at].replace("\\n", "/") for at in range(len(text)) if text.startswith(wanted, at)]
     if hits:
         raise RuntimeError("LEAK " + " | ".join(hits[:6]))
     for guess in ("store.db", "../store.db", "work/store.db"):  # relative to where it is
