@@ -3,10 +3,9 @@
 The recorder is the reward function TRL calls. It runs the trusted check (verified outcome),
 then the harness reward (named components), and keeps the scored rollouts of the current
 generation batch until the trainer hook has computed advantages and filter decisions, and then
-until the loss's forward pass has measured each one (train/sample_stats.py): `commit` stores it
-before the backward pass. Harness
-calls go out as one batch per step (rewards, then filters): with an IsolatedHarness each batch is
-one round trip to its sandbox worker.
+until the loss's forward pass has measured each one (train/sample_stats.py): `commit` stores the
+batch before the backward pass. Harness calls go out as one batch per step (rewards, then
+filters): with an IsolatedHarness each batch is one round trip to its sandbox worker.
 """
 
 from __future__ import annotations
