@@ -171,7 +171,7 @@ def test_a_probe_error_reaches_the_health_report_and_the_prompt_redacted(leaky, 
     lines = " + '\\n' + ".join(_pieces(line) for line in FILE_LINES)
     leaky_probe = (sources["diagnostics.py"] + f"\n\ndef _leak(rollouts, rewards):\n"
                    f"    raise ValueError('read: ' + {_pieces(SECRET)} + '\\n' + {lines})\n\n\n"
-                   "PROBES = PROBES + [_probe('leak', 'result', _leak, 0.1, 0.2, 'above')]\n")
+                   "PROBES = PROBES + [probe('leak', 'result', _leak, 0.1, 0.2, 'above')]\n")
     harness = Harness({**sources, "diagnostics.py": leaky_probe}, tmp_path / "h")
     samples = [Rollout(id=f"r{i}", task_id="t", group_id="g", domain="math", prompt="2+3?", completion="5",
                        turns=(), num_tokens=3, truncated=False, outcome=Outcome(True, 1.0, "ok")) for i in range(2)]

@@ -119,6 +119,7 @@ class StepCredit:
     def __init__(self, spec: StepCreditSpec, labeller: Labeller | None = None) -> None:
         self.spec, self.labeller = spec, labeller
         self.last_stats: dict[str, int] = {}
+        self.last_labels: dict[int, Any] = {}  # row -> labels the labeller gave this batch (to store)
 
     @classmethod
     def from_harness(cls, harness: Any, labeller: Labeller | None = None) -> StepCredit:
@@ -140,12 +141,15 @@ class StepCredit:
         ids = output["completion_ids"].tolist()
         outcome = adv.tolist()
         spans, labels = [], []
+        self.last_labels = {}
         for i, rollout in enumerate(rollouts):
             row_spans = step_spans(cmask[i], tmask[i] if tmask is not None else None)
             spans.append(row_spans)
             raw = rollout.meta.get("step_labels")
             if raw is None and self.labeller is not None and row_spans and decode is not None:
                 raw = self.labeller(rollout, [decode(ids[i][s:e]) for s, e in row_spans])
+                if raw is not None:
+                    self.last_labels[i] = raw
             values = label_values(raw)
             labels.append(values if values is not None and len(values) == len(row_spans) else None)
         rows = []

@@ -66,6 +66,9 @@ class HarnessGRPOTrainer(GRPOTrainer):
             rollouts = [row.rollout for row in self.recorder.last_batch]
             output["advantages"] = self.step_credit.advantages(
                 output, rollouts, self.num_generations, self.processing_class.decode) * keep.unsqueeze(1)
+            # The batch is stored later (recorder.commit), so the labels go into its rows here:
+            # a labeller's own write to the store finds no row yet.
+            self.recorder.annotate({i: {"step_labels": raw} for i, raw in self.step_credit.last_labels.items()})
             stats = self.step_credit.last_stats
             self._metrics["train"]["step_credit/labelled"].append(stats["labelled"] / max(stats["rollouts"], 1))
         loss_mask = output["completion_mask"]

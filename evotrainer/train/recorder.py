@@ -137,6 +137,14 @@ class RolloutRecorder:
         self.step += 1
         return kept
 
+    def annotate(self, meta: Mapping[int, Mapping[str, Any]]) -> None:
+        """Add meta keys to rows of the held batch before it is stored (row i gets meta[i])."""
+        if self.unstored is None or not meta:
+            return
+        self.unstored = [replace(row, rollout=replace(row.rollout, meta={**row.rollout.meta, **meta[i]}))
+                         if i in meta else row for i, row in enumerate(self.unstored)]
+        self.last_batch = self.unstored
+
     def commit(self, model_state: Mapping[int, Mapping[str, float]] | None = None) -> None:
         """Store the held batch, rollout i's meta joined with model_state[i] (its means from the
         loss's forward pass, train/sample_stats.py)."""
