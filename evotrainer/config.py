@@ -64,10 +64,14 @@ class FrontierConfig(_Strict):
 
 
 class DomainConfig(_Strict):
-    name: Literal["math", "code", "swe"] = "math"
-    levels: list[int] = Field(default_factory=lambda: [0, 1])
+    # math, code, swe, any other registered or entry-point name (`evotrainer domains`), or a
+    # package.module:factory path (docs/domains.md)
+    name: str = "math"
+    levels: list[int] | None = None  # None: the domain's own default
     # or a path: math GSM8K-style JSONL; code MBPP/HumanEval JSONL; swe "pack" or SWE-bench JSONL
     source: str = "procedural"
+    heldout_source: str | None = None  # a second file whose tasks are the held-out split
+    options: dict[str, Any] = Field(default_factory=dict)  # the domain's own keyword options
     train_size: int = Field(256, ge=1)
     heldout_size: int = Field(64, ge=1)
     seed: int = 0
@@ -225,7 +229,12 @@ class Config(_Strict):
         return policy
 
     def harness_dir(self) -> Path:
-        return Path(self.harness) if self.harness else HARNESSES_DIR / self.domain.name
+        """The seed harness folder: `harness`, else the one the domain names (evotrainer/domains)."""
+        if self.harness:
+            return Path(self.harness)
+        from evotrainer.domains import resolve
+
+        return resolve(self.domain.name).seed_harness()
 
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -244,7 +253,11 @@ def check_model_ref(ref: str) -> None:
 
 
 def default_config_path(domain: str) -> Path:
-    return CONFIGS_DIR / f"{domain}.yaml"
+    """The shipped config of a built-in domain; for any other domain the generic default."""
+    own = CONFIGS_DIR / f"{domain}.yaml"
+    if re.fullmatch(r"[A-Za-z0-9_-]+", domain) and own.is_file():
+        return own
+    return CONFIGS_DIR / "default.yaml"
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from evotrainer.api import Outcome
-from evotrainer.domains import Domain, Task, available, get_domain, register
+from evotrainer.domains import Domain, DomainError, Task, available, get_domain, register
 from evotrainer.domains.math import MathDomain, check_answer, extract_answer, load_gsm8k
 
 
@@ -43,7 +43,7 @@ def test_registry_builds_math_with_options():
     domain = get_domain("math", levels=[0])
     assert isinstance(domain, MathDomain) and isinstance(domain, Domain)
     assert domain.levels == (0,)
-    with pytest.raises(ValueError, match="unknown domain 'nope'"):
+    with pytest.raises(DomainError, match="unknown domain .nope."):
         get_domain("nope")
     with pytest.raises(ValueError, match="already registered"):
         register("math", dict)

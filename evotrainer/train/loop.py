@@ -20,7 +20,7 @@ from evotrainer.api import TaskStats
 from evotrainer.config import Config
 from evotrainer.console import make_console
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
-from evotrainer.domains import get_domain
+from evotrainer.domains import build_domain
 from evotrainer.domains.base import Task
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessSpec
@@ -80,8 +80,7 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
     d = config.domain
-    domain = get_domain(d.name, levels=tuple(d.levels), source=d.source,
-                        **({"scaffold": d.scaffold} if d.name == "swe" else {}))
+    domain = build_domain(d)
     train_tasks = domain.tasks("train", d.train_size, d.seed)
     if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
         from evotrainer.frontier.synthesize import frontier_tasks
