@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evotrainer.errors import UserError
-from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
+from evotrainer.paths import CONFIGS_DIR
 
 
 class ConfigError(UserError, ValueError):
