@@ -34,3 +34,35 @@ def write_json(path: Path | str, data: Any, **dumps: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_records(path: Path | str, what: str = "JSONL") -> list[tuple[str, dict[str, Any]]]:
+    """The objects of a JSONL file (or of a JSON list), each with where it sits ("f.jsonl:3").
+
+    Blank lines are skipped. ValueError names the file and line of the first line that is not
+    a JSON object, and a file that cannot be read."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read {what}: {exc}") from None
+    rows: list[tuple[str, Any]]
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
+        rows = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    return rows

@@ -109,7 +109,11 @@ def ensure_workspace(root: Path | str, domain: str, seed: Path | str | None = No
         if ws.harnesses.exists() and any(ws.harnesses.iterdir()):
             raise WorkspaceError(f"{ws.harnesses}: exists, is not empty and is not a git repo; "
                                  "move it away or pick another --workdir")
-        seed = Path(seed) if seed is not None else HARNESSES_DIR / domain
+        if seed is None:
+            from evotrainer.domains import resolve  # the domain names its own seed harness
+
+            seed = resolve(domain).seed_harness()
+        seed = Path(seed)
         if not seed.is_dir():
             shipped = sorted(p.name for p in HARNESSES_DIR.iterdir() if p.is_dir()) if HARNESSES_DIR.is_dir() else []
             raise WorkspaceError(f"no seed harness for domain {domain!r} at {seed} "

@@ -14,7 +14,8 @@ from evotrainer.errors import UserError
 WorkdirOpt = typer.Option(
     None, "--workdir", "-w", help="Workspace folder (store.db, adapters/, backtests/...). "
     "Default: $EVOTRAINER_WORKDIR or ./evotrainer-work.")
-DomainOpt = typer.Option("math", "--domain", "-d", help="Task domain: math, code or swe.")
+DomainOpt = typer.Option(None, "--domain", "-d", help="Task domain: math, code, swe, a name `evotrainer domains` "
+                         "lists, or package.module:factory (default: the config's domain.name, else math).")
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML config (default: configs/DOMAIN.yaml).")
 OverridesArg = typer.Argument(None, help="Config overrides as key.sub=value, e.g. train.seed=1.")
 

@@ -15,6 +15,7 @@ from evotrainer.cli.backtest import app as backtests_app
 from evotrainer.cli.backtest import backtest_cmd
 from evotrainer.cli.common import ConfigOpt, DomainOpt, OverridesArg, UserErrorGroup, WorkdirOpt, resolve_workdir
 from evotrainer.cli.diagnose import diagnose_cmd
+from evotrainer.cli.domains import domains_cmd
 from evotrainer.cli.experience import app as experience_app
 from evotrainer.cli.grade import grade_cmd
 from evotrainer.cli.harness import app as harness_app
@@ -41,12 +42,13 @@ console = make_console(stderr=True)
 
 
 @app.command()
-def init(domain: str = DomainOpt, workdir: Path | None = WorkdirOpt):
+def init(domain: str | None = DomainOpt, workdir: Path | None = WorkdirOpt):
     """Create a workspace: a harness git repo seeded from the package's harnesses/DOMAIN, plus
     skills/ and backtests/. An existing workspace is left as it is."""
     from evotrainer.harness.repo import HarnessRepo
     from evotrainer.workspace import ensure_workspace
 
+    domain = domain or "math"
     wd = resolve_workdir(workdir)
     existed = (wd / "harnesses" / ".git").is_dir()
     ws = ensure_workspace(wd, domain)
@@ -62,7 +64,7 @@ def init(domain: str = DomainOpt, workdir: Path | None = WorkdirOpt):
 
 @app.command()
 def train(
-    domain: str = DomainOpt,
+    domain: str | None = DomainOpt,
     steps: int | None = typer.Option(None, "--steps", help="GRPO steps per round (train.steps_per_round)."),
     rounds: int | None = typer.Option(None, "--rounds", help="Rounds to run now (train.rounds)."),
     workdir: Path | None = WorkdirOpt,
@@ -98,7 +100,7 @@ def _print_train_summary(session, result) -> None:
 
 @app.command()
 def coevolve(
-    domain: str = DomainOpt,
+    domain: str | None = DomainOpt,
     rounds: int = typer.Option(3, "--rounds", help="Rounds to run (with --resume: the run's total)."),
     agent: str | None = typer.Option(None, "--agent", help="Outer agent: rules (default, offline) or llm."),
     workdir: Path | None = WorkdirOpt,
@@ -138,7 +140,7 @@ def _ask_approval(candidate, report, diff: str) -> bool:
 
 @app.command("eval")
 def eval_cmd(
-    domain: str = DomainOpt,
+    domain: str | None = DomainOpt,
     adapter: Path | None = typer.Option(None, "--adapter", help="LoRA adapter folder (PEFT format); none = base model."),
     workdir: Path | None = WorkdirOpt,
     config: Path | None = ConfigOpt,
@@ -174,7 +176,7 @@ def eval_cmd(
 
 @app.command("config")
 def config_cmd(
-    domain: str = DomainOpt,
+    domain: str | None = DomainOpt,
     config: Path | None = ConfigOpt,
     overrides: list[str] | None = OverridesArg,
 ):
@@ -211,6 +213,7 @@ app.command("backtest")(backtest_cmd)
 app.add_typer(backtests_app, name="backtests")
 app.command("diagnose")(diagnose_cmd)
 app.command("grade")(grade_cmd)
+app.command("domains")(domains_cmd)
 app.command("judge")(judge_cmd)
 app.command("review")(review_cmd)
 app.add_typer(skills_app, name="skills")

@@ -19,12 +19,13 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from evotrainer.domains.base import Domain
+from evotrainer.api import Outcome
+from evotrainer.domains.base import Domain, Task
 from evotrainer.errors import UserError
 from evotrainer.paths import HARNESSES_DIR
 
@@ -164,4 +165,47 @@ def build(spec: str, common: Mapping[str, Any] | None = None, options: Mapping[s
     if not isinstance(domain, Domain):
         raise DomainError(f"domain {spec!r}: {entry.target} returned {type(domain).__name__}, "
                           "which lacks name, tasks() or check() (evotrainer.domains.Domain)")
-    return domain
+    return domain if entry.kind == "builtin" else PluginDomain(spec, domain)
+
+
+class PluginDomain:
+    """A domain from outside the package, under the name the config gave it.
+
+    Its tasks carry that name (the store, the workspace and the report key on it), and a task
+    drawn for one split that says it is of another is refused: a plugin that mixed held-out
+    tasks into train would make the held-out guard meaningless. Anything else is the plugin's.
+    """
+
+    def __init__(self, name: str, inner: Domain) -> None:
+        self.name = name
+        self.inner = inner
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def _own(self, task: Task, split: str | None = None) -> Task:
+        if split is not None and task.split != split:
+            raise DomainError(f"domain {self.name!r}: tasks({split!r}, ...) returned {task.task_id!r} "
+                              f"of split {task.split!r}")
+        return task if task.domain == self.name else replace(task, domain=self.name)
+
+    def tasks(self, split: str, n: int, seed: int) -> list[Task]:
+        tasks = [self._own(t, split) for t in self.inner.tasks(split, n, seed)]
+        ids = [t.task_id for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise DomainError(f"domain {self.name!r}: tasks({split!r}, {n}, {seed}) repeats a task id")
+        return tasks
+
+    def all_tasks(self) -> list[Task] | None:
+        """Every task, when the plugin is finite and says so with all_tasks(); else None."""
+        inner = getattr(self.inner, "all_tasks", None)
+        return [self._own(t) for t in inner()] if callable(inner) else None
+
+    def check(self, task: Task, completion: str, truncated: bool) -> Outcome:
+        try:
+            outcome = self.inner.check(task, completion, truncated)
+        except Exception:  # the protocol says never raise; a plugin that does still gets a verdict
+            return Outcome(False, 0.0, "error", ("checker_error",))
+        if not isinstance(outcome, Outcome):
+            return Outcome(False, 0.0, "error", ("checker_error",))
+        return outcome

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.grade.packs import is_pack, pack_repo_base, swe_cache
+from evotrainer.jsonfile import read_records
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
           "problem_statement", "level")
@@ -171,27 +172,10 @@ def write_tasks(path: Path | str, tasks: Iterable[SweTask]) -> None:
 
 def load_predictions(path: Path | str) -> list[dict[str, str]]:
     """SWE-bench predictions ({instance_id, model_patch}, other keys ignored): JSONL or a JSON list."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    rows: list[tuple[str, Any]]
-    if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
-        rows = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
-    else:
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append((f"{path}:{lineno}", json.loads(line)))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    rows = read_records(path, "predictions")
     preds = []
     for where, row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("instance_id"), str):
+        if not isinstance(row.get("instance_id"), str):
             raise ValueError(f"{where}: expected an object with a string 'instance_id'")
         patch = row.get("model_patch")
         if patch is None:
