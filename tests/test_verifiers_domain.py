@@ -245,3 +245,22 @@ def test_render_prompt_of_chats():
     assert render_prompt(chat, keep_system=True) == "Be brief.\n\nUser: Hi\n\nAssistant: Hello\n\nUser: 2+2?"
     assert render_prompt(chat[1:2], keep_system=False) == "Hi"
     assert render_prompt([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], True) is None
+
+
+def test_math_rubric_environment(tmp_path):
+    """vf.MathRubric (math-verify in a process pool), the rubric of many published math environments."""
+    (tmp_path / "mathy.py").write_text(textwrap.dedent(r'''
+        import verifiers as vf
+        from datasets import Dataset
+
+        def load_environment():
+            rows = [{"question": "What is 1/2 + 1/4?", "answer": "3/4"}, {"question": "Solve x+1=3.", "answer": "2"}]
+            return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.MathRubric(),
+                                    system_prompt="Put the final answer in \\boxed{}.")
+    '''))
+    d = VerifiersDomain(env=str(tmp_path / "mathy.py"), heldout_fraction=0.5)
+    task = next(t for t in d.all_tasks() if t.answer == "3/4")
+    assert task.prompt == "Put the final answer in \\boxed{}.\n\nWhat is 1/2 + 1/4?"
+    assert d.check(task, r"So it is \boxed{0.75}", False).success  # math-verify: 0.75 == 3/4
+    assert d.check(task, r"\boxed{7}", False).kind == "wrong"
+    assert d.check(task, "3/4", False).kind == "wrong"  # MathRubric wants the boxed answer
