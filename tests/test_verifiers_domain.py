@@ -227,6 +227,17 @@ def test_refused_environments_and_options(env_dir, tmp_path):
             return vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "hi", "answer": "x"}]),
                                     rubric=vf.Rubric(funcs=[rank]))
     '''))
+    (tmp_path / "lazy.py").write_text(textwrap.dedent('''
+        import verifiers as vf
+
+        def build():
+            raise FileNotFoundError("no such data file")
+
+        def load_environment():
+            return vf.SingleTurnEnv(dataset=build, rubric=vf.Rubric(funcs=[lambda completion: 1.0]))
+    '''))
+    with pytest.raises(DomainError, match="building its dataset raised FileNotFoundError"):
+        get_domain("verifiers", env=str(tmp_path / "lazy.py"))
     with pytest.raises(DomainError, match="single-turn"):
         get_domain("verifiers", env=str(tmp_path / "multi.py"))
     with pytest.raises(DomainError, match="group reward function"):

@@ -336,7 +336,13 @@ class VerifiersDomain:
         self.skipped: dict[str, int] = {}  # why rows were left out, and how many
         self._prefix = f"vf-{_slug(env)}"
         self._keep_system = bool(system_prompt)
-        self._pools = self._build(heldout_fraction)
+        try:
+            self._pools = self._build(heldout_fraction)
+        except ValueError:
+            raise
+        except Exception as exc:  # a dataset builder's own failure (a download, a missing file)
+            raise ValueError(f"verifiers env {env!r}: building its dataset raised "
+                             f"{type(exc).__name__}: {exc}") from None
 
     def _skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
