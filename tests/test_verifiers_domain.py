@@ -275,3 +275,18 @@ def test_math_rubric_environment(tmp_path):
     assert d.check(task, r"So it is \boxed{0.75}", False).success  # math-verify: 0.75 == 3/4
     assert d.check(task, r"\boxed{7}", False).kind == "wrong"
     assert d.check(task, "3/4", False).kind == "wrong"  # MathRubric wants the boxed answer
+
+
+def test_the_shipped_example_config_builds_its_domain():
+    from evotrainer.config import load_config
+    from evotrainer.domains import build_domain
+    from evotrainer.paths import CONFIGS_DIR
+
+    cfg = load_config(CONFIGS_DIR / "verifiers-tiny.yaml")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(CONFIGS_DIR.parent)  # the config names the env by a path from the repo root
+        d = build_domain(cfg.domain)
+    train, held = d.tasks("train", 16, 0), d.tasks("heldout", 8, 0)
+    assert len(train) == 16 and len(held) == 8 and {t.meta["source"] for t in held} == {"eval_dataset"}
+    assert all(d.check(t, f"<answer>{t.answer}</answer>", False).success for t in train + held)
+    assert not d.check(train[0], f"<answer>{int(train[0].answer) + 1}</answer>", False).success
