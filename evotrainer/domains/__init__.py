@@ -48,5 +48,17 @@ def _swe(levels: Any = None, source: str = "procedural", scaffold: str = "edit",
 
 register("swe", _swe)
 
+
+def _verifiers(env: str = "", env_args: dict | None = None, heldout_fraction: float | None = None,
+               system_prompt: bool = True, timeout_s: float = 60.0) -> Domain:
+    """verifiers: an installed `verifiers` environment's dataset, scored by its own rubric."""
+    from evotrainer.domains.verifiers_env import VerifiersDomain  # imported on use: verifiers is optional
+
+    return VerifiersDomain(env=env, env_args=env_args, heldout_fraction=heldout_fraction,
+                           system_prompt=system_prompt, timeout_s=timeout_s)
+
+
+register("verifiers", _verifiers)
+
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
