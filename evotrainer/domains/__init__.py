@@ -16,6 +16,7 @@ from evotrainer.domains.registry import (
     register,
     resolve,
 )
+from evotrainer.paths import HARNESSES_DIR
 
 
 def get_domain(name: str, **options: Any) -> Domain:
@@ -47,6 +48,17 @@ def _swe(levels: Any = None, source: str = "procedural", scaffold: str = "edit",
 
 
 register("swe", _swe)
+
+
+def _bfcl(levels: Any = None, source: str = "procedural", **options: Any) -> Domain:
+    """BFCL: single-turn function calling (the Berkeley leaderboard's data), AST-checked calls."""
+    from evotrainer.domains.bfcl import BfclDomain  # imported on use: it reads the bfcl-eval wheel's data
+
+    return BfclDomain(levels=levels, source=source, **options)
+
+
+_bfcl.seed_harness = HARNESSES_DIR / "bfcl"  # type: ignore[attr-defined]
+register("bfcl", _bfcl)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
