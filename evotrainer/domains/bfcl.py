@@ -61,6 +61,7 @@ LEVELS = (0, 1, 2)
 SEED_HARNESS = HARNESSES_DIR / "bfcl"
 _env = Environment(loader=FileSystemLoader(str(Path(__file__).resolve().parent / "templates")),
                    undefined=StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
+_PROMPT = _env.get_template("bfcl_prompt.j2")
 
 
 def wheel_data_dir() -> Path:
@@ -103,9 +104,10 @@ def _read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def render_prompt(functions: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, str]]) -> str:
-    return _env.get_template("bfcl_prompt.j2").render(functions=json.dumps(list(functions), ensure_ascii=False),
-                                                      messages=messages)
+def render_prompt(functions: Sequence[Mapping[str, Any]] | str, messages: Sequence[Mapping[str, str]]) -> str:
+    """The task text: the instructions, the functions' JSON docs, then the conversation."""
+    docs = functions if isinstance(functions, str) else json.dumps(list(functions), ensure_ascii=False)
+    return _PROMPT.render(functions=docs, messages=messages)
 
 
 def load_category(data_dir: Path, category: str, heldout_fraction: float
@@ -138,9 +140,10 @@ def load_category(data_dir: Path, category: str, heldout_fraction: float
         if problems:
             excluded[tid] = problems
             continue
+        docs_json = json.dumps(functions, ensure_ascii=False)
         tasks.append(Task(task_id=tid, domain=DOMAIN, split=split_of(f"bfcl:{tid}", heldout_fraction), level=level,
-                          prompt=render_prompt(functions, turns[0]), answer=gold,
-                          meta={"category": category, "check": kind, "functions": json.dumps(functions),
+                          prompt=render_prompt(docs_json, turns[0]), answer=gold,
+                          meta={"category": category, "check": kind, "functions": docs_json,
                                 "ground_truth": json.dumps(ground_truth) if ground_truth is not None else "",
                                 "n_calls": len(ground_truth or ())}))
     return tasks, excluded

@@ -87,14 +87,15 @@ def _is_call_shaped(node: ast.expr) -> bool:
     return isinstance(node, (ast.List, ast.Tuple)) and any(isinstance(e, ast.Call) for e in node.elts)
 
 
-def _has_dunder(node: ast.AST) -> bool:
-    for sub in ast.walk(node):
-        name = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
-        if name is not None and name.startswith("__"):
-            return True
-        if isinstance(sub, ast.keyword) and sub.arg and sub.arg.startswith("__"):
-            return True
-    return False
+def _scan(node: ast.AST) -> str | None:
+    """One pass over the tree: "dunder" for a `__name__` anywhere, "too_long" past MAX_NODES."""
+    for count, sub in enumerate(ast.walk(node)):
+        if count > MAX_NODES:
+            return "too_long"
+        name = getattr(sub, "id", None) or getattr(sub, "attr", None) or getattr(sub, "arg", None)
+        if isinstance(name, str) and name.startswith("__"):
+            return "dunder"
+    return None
 
 
 def _dotted(node: ast.expr) -> str:
@@ -170,10 +171,9 @@ def parse_calls(completion: str) -> Parsed:
         return Parsed([], shaped=False)
     if not _is_call_shaped(node):
         return Parsed(None, error="no_calls")
-    if _has_dunder(node):
-        return Parsed(None, shaped=True, error="dunder", flags=("dunder",))
-    if sum(1 for _ in ast.walk(node)) > MAX_NODES:
-        return Parsed(None, shaped=True, error="too_long")
+    problem = _scan(node)
+    if problem:
+        return Parsed(None, shaped=True, error=problem, flags=(problem,) if problem == "dunder" else ())
     elts = [node] if isinstance(node, ast.Call) else list(node.elts)  # type: ignore[attr-defined]
     if len(elts) > MAX_CALLS:
         return Parsed(None, shaped=True, error="too_many_calls")
