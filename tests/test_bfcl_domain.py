@@ -341,6 +341,9 @@ def test_irrelevance(dom, by_id) -> None:
         out = _ok(dom, t, call)
         assert not out.success and "made_call" in out.flags, call
     assert _ok(dom, t, f"[{name}(a=__import__('os'))]").kind == "tampering"
+    t = by_id["live_irrelevance_764-274-0"]  # documents __book_meeting_room: calling it is a call, no tampering
+    out = _ok(dom, t, "[__book_meeting_room(room='A')]")
+    assert not out.success and out.kind == "wrong" and "made_call" in out.flags
 
 
 def test_relevance(dom, by_id) -> None:

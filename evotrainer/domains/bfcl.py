@@ -125,7 +125,7 @@ def load_category(data_dir: Path, category: str, heldout_fraction: float
             raise ValueError(f"{stem}: entry {tid!r} is not a single-turn entry with functions")
         docs = {f["name"]: f for f in functions}
         ground_truth = answers.get(tid)
-        gold, problems = "", []
+        gold, problems = "", list[str]()
         if kind == "ast":
             if ground_truth is None:
                 raise ValueError(f"{stem}: entry {tid!r} has no ground truth")

@@ -11,7 +11,7 @@ The reading rule (the one docs/domains-bfcl.md states):
    only, each named once; values are built from str/int/float/bool/None constants, unary minus on
    a number, lists, tuples and dicts with constant keys. Any other node (a name, a nested call, an
    f-string, an operator, `**kw`, a positional argument) makes the calls malformed, and a `__dunder__`
-   name anywhere is `tampering`.
+   name anywhere (`__import__`, `__class__`) is `tampering`.
 
 BFCL's own decoder evaluates parts of model output with `eval`; this module is written from its
 documented behaviour and never runs model text. Size and depth are bounded before and during the
@@ -88,12 +88,13 @@ def _is_call_shaped(node: ast.expr) -> bool:
 
 
 def _scan(node: ast.AST) -> str | None:
-    """One pass over the tree: "dunder" for a `__name__` anywhere, "too_long" past MAX_NODES."""
+    """One pass over the tree: "dunder" for a `__name__` anywhere (live_irrelevance documents
+    `__book_meeting_room`: one leading `__` is a name, not a reach for internals), "too_long" past MAX_NODES."""
     for count, sub in enumerate(ast.walk(node)):
         if count > MAX_NODES:
             return "too_long"
         name = getattr(sub, "id", None) or getattr(sub, "attr", None) or getattr(sub, "arg", None)
-        if isinstance(name, str) and name.startswith("__"):
+        if isinstance(name, str) and len(name) > 4 and name.startswith("__") and name.endswith("__"):
             return "dunder"
     return None
 
@@ -118,7 +119,7 @@ def _value(node: ast.expr, depth: int) -> Any:
         raise _Malformed(f"bad_value:{type(node.value).__name__}")
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = node.operand
-        if isinstance(inner, ast.Constant) and type(inner.value) in (int, float):
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float)) and type(inner.value) is not bool:
             return -inner.value
         raise _Malformed("bad_value:UnaryOp")
     if isinstance(node, ast.List):
@@ -180,7 +181,7 @@ def parse_calls(completion: str) -> Parsed:
     if not all(isinstance(e, ast.Call) for e in elts):
         return Parsed(None, shaped=True, error="mixed_list")
     try:
-        calls = [_call(e) for e in elts]  # type: ignore[arg-type]
+        calls = [_call(e) for e in elts if isinstance(e, ast.Call)]
     except _Malformed as exc:
         return Parsed(None, shaped=True, error=str(exc))
     except (RecursionError, MemoryError):
