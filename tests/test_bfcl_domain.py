@@ -338,6 +338,16 @@ def test_malformed_empty_truncated_and_tampering(dom, by_id) -> None:
         assert not out.success
 
 
+def test_a_task_from_elsewhere_is_an_error_not_a_crash(dom, by_id) -> None:
+    from evotrainer.domains import Task
+
+    foreign = Task("x", "bfcl", "train", 0, "p", "a", {})
+    assert dom.check(foreign, "[f(a=1)]", False).kind == "error"
+    t = by_id["simple_python_0"]
+    broken = Task(t.task_id, "bfcl", t.split, 0, t.prompt, t.answer, {**t.meta, "ground_truth": "{not json"})
+    assert dom.check(broken, t.answer, False).kind == "error"
+
+
 def test_irrelevance(dom, by_id) -> None:
     t = next(x for x in by_id.values() if x.meta["category"] == "irrelevance")
     name = json.loads(t.meta["functions"])[0]["name"]
@@ -369,3 +379,23 @@ def test_relevance(dom, by_id) -> None:
     assert not _ok(dom, t, "[paint(prompt='x')]").success
     assert not _ok(dom, t, "[]").success
     assert _ok(dom, t, "I cannot do that.").kind == "format_error"
+
+
+def test_seed_harness_loads_and_rewards_real_outcomes(dom, by_id) -> None:
+    from evotrainer.api import Rollout
+    from evotrainer.harness import load_harness
+
+    harness = load_harness(resolve("bfcl").seed_harness())
+    assert harness.spec.grpo["max_completion_length"] == 160
+    t = by_id["parallel_0"]
+    assert harness.render_prompt(t.prompt) == t.prompt
+
+    def reward(text: str) -> float:
+        out = dom.check(t, text, False)
+        r = Rollout(id="r", task_id=t.task_id, group_id="g", domain="bfcl", prompt=t.prompt, completion=text,
+                    turns=(), outcome=out, num_tokens=10, truncated=False)
+        return harness.training_reward(harness.reward(r))
+
+    assert reward(t.answer) == pytest.approx(1.1)
+    assert reward("[spotify.play(artist='Taylor Swift', duration=20)]") == pytest.approx(0.1)
+    assert reward("I would play them.") == 0.0

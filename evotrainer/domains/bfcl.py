@@ -177,12 +177,18 @@ def check_calls(kind: str, completion: str, truncated: bool, docs: Mapping[str, 
         valid = sum(1 for c in parsed.calls if valid_against_docs(c, docs))
         ok = valid == len(parsed.calls)
         return Outcome(ok, valid / len(parsed.calls), "ok" if ok else "wrong", () if ok else ("invalid_call",))
-    assert ground_truth is not None
+    if ground_truth is None:
+        return Outcome(False, 0.0, "error", ("no_ground_truth",))
     matched = match_calls(parsed.calls, ground_truth, docs)
     n, m = len(ground_truth), len(parsed.calls)
-    ok = matched == n == m
-    flags = () if ok else (("wrong_count",) if m != n else ()) + ("unmatched_call",) * (matched < min(m, n))
-    return Outcome(ok, matched / max(n, m), "ok" if ok else "wrong", flags)
+    if matched == n == m:
+        return Outcome(True, 1.0, "ok")
+    flags = []
+    if m != n:
+        flags.append("wrong_count")
+    if matched < min(m, n):
+        flags.append("unmatched_call")
+    return Outcome(False, matched / max(n, m), "wrong", tuple(flags))
 
 
 class BfclDomain:
