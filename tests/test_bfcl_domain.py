@@ -399,3 +399,14 @@ def test_seed_harness_loads_and_rewards_real_outcomes(dom, by_id) -> None:
     assert reward(t.answer) == pytest.approx(1.1)
     assert reward("[spotify.play(artist='Taylor Swift', duration=20)]") == pytest.approx(0.1)
     assert reward("I would play them.") == 0.0
+
+
+def test_shipped_config_builds_the_domain() -> None:
+    from evotrainer.config import load_config
+    from evotrainer.domains import build_domain
+    from evotrainer.paths import CONFIGS_DIR
+
+    cfg = load_config(CONFIGS_DIR / "bfcl.yaml")
+    d = build_domain(cfg.domain)
+    assert d.name == "bfcl" and len(d.tasks("heldout", cfg.domain.heldout_size, 0)) == cfg.domain.heldout_size
+    assert all(len(t.prompt) <= 4000 for t in d.all_tasks()) and len(d.all_tasks()) == 3478 - 679
