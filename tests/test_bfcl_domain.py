@@ -321,6 +321,15 @@ def test_gaming_every_function_with_every_value_fails(dom: BfclDomain) -> None:
         assert not out.success, t.task_id
 
 
+def test_hedging_between_answers_fails(dom, by_id) -> None:
+    t = by_id["simple_python_0"]
+    right, wrong = "[calculate_triangle_area(base=10, height=5)]", "[calculate_triangle_area(base=5, height=10)]"
+    for text in (f"{wrong} or {right}", f"{wrong}\n{right}", f"{right} if x else {wrong}", f"({wrong}, {right})",
+                 f"```python\n{right}\n```\n```python\n{wrong}\n```"):
+        assert not dom.check(t, text, False).success, text
+    assert dom.check(t, f"```python\n{wrong}\n```\nOn second thought:\n```python\n{right}\n```", False).success
+
+
 def test_malformed_empty_truncated_and_tampering(dom, by_id) -> None:
     t = by_id["simple_python_0"]
     assert _ok(dom, t, "").kind == "empty" and _ok(dom, t, "  \n").kind == "empty"
