@@ -206,6 +206,9 @@ def test_reader_bounds_size_and_depth() -> None:
     assert parse_calls("[f(a=" + "[" * 400 + "]" * 400 + ")]").calls is None  # Python's own limit
     assert parse_calls("[" + ", ".join("f(a=1)" for _ in range(100)) + "]").error == "too_many_calls"
     assert parse_calls("[f(a='" + "x" * 30_000 + "')]").error == "too_long"
+    assert parse_calls("```python\n" + "a" * 10**6).error == "too_long"
+    assert parse_calls("[" + "f(a=1)," * 2800 + "]").error == "too_long"  # node count
+    assert parse_calls("[f(a=" + "-" * 19_000 + "1)]").calls is None
     assert parse_calls("[f(a=" + "9" * 5000 + ")]").calls is None
     assert parse_calls("[f(a=" + "{'k': " * 300 + "1" + "}" * 300 + ")]").calls is None
 

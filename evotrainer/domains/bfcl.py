@@ -149,7 +149,7 @@ def load_category(data_dir: Path, category: str, heldout_fraction: float
     return tasks, excluded
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1024)  # more than a run's train and held-out tasks; live docs run to 20 KB
 def _decoded(functions: str, ground_truth: str) -> tuple[dict[str, Any], list | None]:
     return {f["name"]: f for f in json.loads(functions)}, (json.loads(ground_truth) if ground_truth else None)
 

@@ -157,6 +157,8 @@ def parse_calls(completion: str) -> Parsed:
     """The calls a completion holds, read by the rule in this module's docstring. Never raises."""
     if not isinstance(completion, str):
         return Parsed(None, error="no_calls")
+    if len(completion) > 4 * MAX_CHARS:  # before any regex: a long text is never read
+        return Parsed(None, error="too_long")
     text = _candidate_text(completion)
     if len(text) > MAX_CHARS:
         return Parsed(None, error="too_long")
