@@ -16,6 +16,7 @@ from evotrainer.domains.registry import (
     register,
     resolve,
 )
+from evotrainer.paths import HARNESSES_DIR
 
 
 def get_domain(name: str, **options: Any) -> Domain:
@@ -59,6 +60,17 @@ def _verifiers(env: str = "", env_args: dict | None = None, heldout_fraction: fl
 
 
 register("verifiers", _verifiers)
+
+
+def _bfcl(levels: Any = None, source: str = "procedural", **options: Any) -> Domain:
+    """BFCL: single-turn function calling (the Berkeley leaderboard's data), AST-checked calls."""
+    from evotrainer.domains.bfcl import BfclDomain  # imported on use: it reads the bfcl-eval wheel's data
+
+    return BfclDomain(levels=levels, source=source, **options)
+
+
+_bfcl.seed_harness = HARNESSES_DIR / "bfcl"  # type: ignore[attr-defined]
+register("bfcl", _bfcl)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
