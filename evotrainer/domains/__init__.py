@@ -16,6 +16,7 @@ from evotrainer.domains.registry import (
     register,
     resolve,
 )
+from evotrainer.paths import HARNESSES_DIR
 
 
 def get_domain(name: str, **options: Any) -> Domain:
@@ -47,6 +48,17 @@ def _swe(levels: Any = None, source: str = "procedural", scaffold: str = "edit",
 
 
 register("swe", _swe)
+
+
+def _tasks(**options: Any) -> Domain:
+    """Tasks: your own JSONL task file, checked exactly, numerically, symbolically, by regex or by your function."""
+    from evotrainer.domains.tasks import TasksDomain  # imported on use
+
+    return TasksDomain(**options)
+
+
+_tasks.seed_harness = HARNESSES_DIR / "tasks"  # type: ignore[attr-defined]
+register("tasks", _tasks)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
