@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import re
 import sys
 import threading
@@ -119,6 +120,17 @@ def test_registered_with_its_seed_harness_and_options(task_file):
         get_domain("tasks", source=str(task_file), verifier="nope")
     with pytest.raises(DomainError, match="unexpected keyword argument 'colour'"):
         get_domain("tasks", source=str(task_file), colour="red")
+
+
+def test_seed_harness_asks_for_the_marker_the_check_reads(task_file):
+    from evotrainer.harness.loader import load_harness
+
+    harness = load_harness(HARNESSES_DIR / "tasks")
+    d = TasksDomain(source=str(task_file))
+    t = task(d, "cap/005")
+    prompt = harness.render_prompt(t.prompt)
+    assert prompt.startswith(t.prompt) and prompt.endswith('Give the final answer after "Answer:".')
+    assert harness.spec.reward_weights == {"correct": 1.0, "format": 0.1}
 
 
 # ---------------------------------------------------------------- the final answer and the exact check
@@ -264,7 +276,8 @@ def test_math_verify_adversarial_expression_times_out_and_recovers(math_domain):
     assert out.kind == "timeout" and time.monotonic() - start < 10
     assert math_domain._symbolic.restarts >= 1
     assert math_domain.check(task(math_domain, "three"), "Answer: 3", False).kind == "ok"  # a fresh worker
-    assert math_domain._symbolic.seccomp in (True, False)
+    if sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64"):
+        assert math_domain._symbolic.seccomp is True  # the worker runs under the no-fork/exec/socket filter
 
 
 def test_math_gold_that_does_not_parse_is_refused(tmp_path):
@@ -460,3 +473,15 @@ def test_code_file_ids_levels_and_heldout_source(tmp_path, caplog):
     assert len(d.tasks("train", 10, 0)) == 6
     with pytest.raises(ValueError, match=r"mbpp2\.jsonl:2: task_id '1' is already used at .*mbpp2\.jsonl:1"):
         load_jsonl(write(tmp_path / "mbpp2.jsonl", [MBPP[0], MBPP[0]]))
+
+
+def test_math_worker_that_dies_is_an_error_then_replaced(math_domain):
+    import os
+    import signal
+
+    checker = math_domain._symbolic
+    assert math_domain.check(task(math_domain, "three"), "Answer: 3", False).kind == "ok"
+    os.killpg(checker._proc.pid, signal.SIGKILL)  # as the kernel would on its memory cap
+    out = math_domain.check(task(math_domain, "three"), "Answer: 3", False)
+    assert out.kind in ("ok", "error")  # a dead worker is noticed on write or on read
+    assert math_domain.check(task(math_domain, "three"), "Answer: 3", False).kind == "ok"

@@ -97,6 +97,7 @@ class SymbolicChecker:
         self.restarts = 0
         self.seccomp = False
         self._proc: subprocess.Popen | None = None
+        self._eof = False
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # a copy in another process starts its own worker
@@ -145,8 +146,11 @@ class SymbolicChecker:
                 raise SymbolicError("the worker exited") from None
             line = self._read_line(timeout_s)
             if line is None:
+                crashed = self._eof  # it closed its end: killed by its rlimit or the seccomp filter
                 self._kill()
                 self.restarts += 1
+                if crashed:
+                    raise SymbolicError(f"the worker died (exit {proc.returncode})")
                 raise SymbolicTimeout(f"no answer within {timeout_s:g} s")
             try:
                 return json.loads(line)
@@ -171,6 +175,7 @@ class SymbolicChecker:
         assert proc is not None and proc.stdout is not None
         fd = proc.stdout.fileno()
         buf = b""
+        self._eof = False
         deadline = time.monotonic() + timeout_s
         while not buf.endswith(b"\n"):
             left = deadline - time.monotonic()
@@ -178,6 +183,7 @@ class SymbolicChecker:
                 return None
             chunk = os.read(fd, 65536)
             if not chunk:
+                self._eof = True
                 return None
             buf += chunk
         return buf
