@@ -319,6 +319,10 @@ def spin(completion, answer, task):
     while completion != answer:
         pass
     return True
+
+def spin_on_gold(completion, answer, task):
+    while True:
+        pass
 '''
 
 
@@ -362,7 +366,9 @@ def test_user_function_that_spins_times_out(checks):
     d = TasksDomain(source=str(checks), verifier="checks.py:spin", timeout_s=1.0, gold_check=2)
     start = time.monotonic()
     out = d.check(task(d, "cap/001"), "not it", False)
-    assert out.kind == "timeout" and time.monotonic() - start < 8
+    assert (out.kind, out.flags) == ("timeout", ("verifier_timeout",)) and time.monotonic() - start < 8
+    with pytest.raises(ValueError, match=r"on the gold answer of task 'cap/0\d\d' .* ran past its 1 s"):
+        TasksDomain(source=str(checks), verifier="checks.py:spin_on_gold", timeout_s=1.0, gold_check=2)
 
 
 def test_user_function_that_fails_gold_is_refused(checks):

@@ -34,9 +34,19 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _MODULE_NAME = "user_verifier"
 
 _RUNNER = r'''
-import importlib.util, json, math, os, sys
+import importlib.util, json, math, os, signal, sys
+
+
+class ItemTimeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise ItemTimeout()
+
 
 def _main():
+    signal.signal(signal.SIGALRM, _alarm)
     out = os.environ.pop("EVO_RESULT")
     data = json.loads(sys.stdin.buffer.read())
     sys.stdin.close()
@@ -52,11 +62,17 @@ def _main():
             return
         for item in data["items"]:
             try:
-                value = fn(item["completion"], item["answer"], item["task"])
+                signal.setitimer(signal.ITIMER_REAL, data["item_s"])
+                try:
+                    value = fn(item["completion"], item["answer"], item["task"])
+                finally:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
                 if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
                     line = ["ok", value]
                 else:
                     line = ["bad", type(value).__name__]
+            except ItemTimeout:
+                line = ["timeout", data["item_s"]]
             except BaseException as e:
                 line = ["raised", "%s: %s" % (type(e).__name__, str(e)[:300])]
             f.write(json.dumps(line) + "\n")
@@ -114,16 +130,18 @@ def resolve(spec: str, near: Path | None = None) -> UserVerifier:
 
 
 def run(verifier: UserVerifier, items: Sequence[Mapping[str, Any]], timeout_s: float) -> tuple[list | None, str]:
-    """One sandboxed job over `items` ({completion, answer, task}); (one reply per item answered,
-    how the job ended: "ok", "timeout", "load: <error>" or "sandbox: <error>")."""
+    """One sandboxed job over `items` ({completion, answer, task}), `timeout_s` for each (an
+    interval timer in the job; the job's own wall-clock limit, timeout_s per item plus 5 s, is
+    the backstop); (one reply per item answered, how the job ended: "ok", "timeout",
+    "load: <error>" or "sandbox: <error>")."""
     from evotrainer.sandbox import run_sandboxed
 
     name = f"r-{secrets.token_hex(12)}.jsonl"
     payload = {"path": f"{_MODULE_NAME}/{verifier.path.name}", "function": verifier.function,
-               "items": list(items)}
+               "items": list(items), "item_s": timeout_s}
     sb = run_sandboxed([sys.executable, "-I", "-c", _RUNNER],
                        files={f"{_MODULE_NAME}/{verifier.path.name}": verifier.source},
-                       timeout_s=timeout_s, mem_mb=1024, nproc=8, fsize_mb=16,
+                       timeout_s=timeout_s * len(items) + 5.0, mem_mb=1024, nproc=8, fsize_mb=16,
                        env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode())
     if sb.launch_error:
         return None, f"sandbox: {sb.launch_error}"
@@ -150,6 +168,8 @@ def outcome(reply: list) -> Outcome:
     tag, value = reply
     if tag == "raised":
         return Outcome(False, 0.0, "error", ("verifier_raised",))
+    if tag == "timeout":
+        return Outcome(False, 0.0, "timeout", ("verifier_timeout",))
     if tag != "ok" or not isinstance(value, (bool, int, float)):
         return Outcome(False, 0.0, "error", ("verifier_bad_return",))
     if isinstance(value, bool):
@@ -166,6 +186,8 @@ def describe(reply: list) -> str:
         return f"raised {value}"
     if tag == "bad":
         return f"returned a {value}, not a bool or a number in [0, 1]"
+    if tag == "timeout":
+        return f"ran past its {value:g} s"
     return f"returned {value!r}"
 
 
@@ -174,7 +196,7 @@ def check_gold(verifier: UserVerifier, tasks: Sequence[Any], timeout_s: float, b
     task whose gold answer does not pass (raises, times out, a bad return, or not a success)."""
     for start in range(0, len(tasks), batch):
         chunk = tasks[start:start + batch]
-        replies, how = run(verifier, [item(t, t.answer) for t in chunk], timeout_s * len(chunk) + 5.0)
+        replies, how = run(verifier, [item(t, t.answer) for t in chunk], timeout_s)
         if replies is None:
             raise ValueError(f"verifier {verifier.spec}: {how}")
         for t, reply in zip(chunk, replies):
