@@ -214,7 +214,7 @@ def test_regex_fullmatches_the_final_answer(tmp_path):
     start = time.monotonic()
     out = d.check(task(d, "slow"), "Answer: " + "a" * 60 + "!", False)  # catastrophic backtracking
     assert out.kind == "timeout" and "regex_timeout" in out.flags
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 20  # 1 s limit; the regex package checks it now and then
     bad = write(tmp_path / "bad.jsonl", [ROWS[0], {"task_id": "b", "prompt": "p", "answer": "(unclosed"}])
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: task 'b': answer '\(unclosed' is not a valid regular"):
         TasksDomain(source=str(bad), verifier="regex")
@@ -491,3 +491,12 @@ def test_math_worker_that_dies_is_an_error_then_replaced(math_domain):
     out = math_domain.check(task(math_domain, "three"), "Answer: 3", False)
     assert out.kind in ("ok", "error")  # a dead worker is noticed on write or on read
     assert math_domain.check(task(math_domain, "three"), "Answer: 3", False).kind == "ok"
+
+
+def test_an_empty_split_is_reported(tmp_path, caplog):
+    path = write(tmp_path / "one.jsonl", [{"task_id": "only", "prompt": "p", "answer": "a"}])
+    with caplog.at_level(logging.WARNING):
+        d = TasksDomain(source=str(path))
+    empty = "heldout" if task(d, "only").split == "train" else "train"
+    assert f"none of the 1 tasks kept from {path} is in the {empty} split" in caplog.text
+    assert d.tasks(empty, 5, 0) == []

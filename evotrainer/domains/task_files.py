@@ -121,6 +121,10 @@ def keep_levels(domain: str, tasks: list[Task], levels: Iterable[int] | None, fi
         raise ValueError(f"{domain}: {files} holds no tasks")
     if not kept:
         raise ValueError(f"{domain}: levels {wanted} keep none of the {len(tasks)} tasks of {files}")
+    for split in ("train", "heldout"):
+        if not any(t.split == split for t in kept):
+            notes.append(f"{domain}: none of the {len(kept)} tasks kept from {files} is in the {split} split "
+                         "(set domain.heldout_source, or options.heldout_fraction)")
     return FileTasks(kept, len(tasks), dropped, repeats, tuple(notes))
 
 
