@@ -500,3 +500,13 @@ def test_an_empty_split_is_reported(tmp_path, caplog):
     empty = "heldout" if task(d, "only").split == "train" else "train"
     assert f"none of the 1 tasks kept from {path} is in the {empty} split" in caplog.text
     assert d.tasks(empty, 5, 0) == []
+
+
+def test_user_module_that_fails_to_load_in_the_sandbox_is_refused(tmp_path, task_file):
+    (tmp_path / "broken.py").write_text("import no_such_package_here\n\ndef check(c, a, t):\n    return True\n")
+    with pytest.raises(ValueError, match=r"verifier broken\.py:check: load: ModuleNotFoundError"):
+        TasksDomain(source=str(task_file), verifier="broken.py:check")
+    (tmp_path / "aliased.py").write_text("import operator\n\ncheck = lambda c, a, t: operator.eq(c.strip(), a)\n")
+    d = TasksDomain(source=str(task_file), verifier="aliased.py:check", gold_check=1)  # not a def
+    assert d.check(task(d, "cap/001"), " City 1\n", False).kind == "ok"
+    assert d.check(task(d, "cap/001"), "Answer: City 1", False).kind == "wrong"  # the function reads the raw text

@@ -39,6 +39,8 @@ DOMAIN = "tasks"
 BUILTIN_VERIFIERS = ("exact", "numeric", "math", "regex")
 FIELDS = frozenset({"task_id", "prompt", "answer", "level", "meta"})
 REGEX_TIMEOUT_S = 1.0
+MATH_TIMEOUT_S = 5.0  # per check; math-verify's own default
+USER_TIMEOUT_S = 10.0
 
 
 def load_task_file(path: str | Path, heldout_fraction: float = 0.2) -> tuple[list[Task], int]:
@@ -88,7 +90,7 @@ class TasksDomain:
 
     def __init__(self, source: str | Path = "procedural", heldout_source: str | Path | None = None,
                  levels: Iterable[int] | None = None, verifier: str = "exact", heldout_fraction: float = 0.2,
-                 case_sensitive: bool = True, timeout_s: float = 10.0, gold_check: int | None = None) -> None:
+                 case_sensitive: bool = True, timeout_s: float | None = None, gold_check: int | None = None) -> None:
         if str(source) == "procedural":
             raise ValueError("the tasks domain needs a JSONL task file: set domain.source=PATH")
         if not 0.0 < heldout_fraction < 1.0:
@@ -97,6 +99,8 @@ class TasksDomain:
             raise ValueError(f"domain.options.verifier must be a string, got {verifier!r}")
         if not isinstance(case_sensitive, bool):
             raise ValueError(f"domain.options.case_sensitive must be true or false, got {case_sensitive!r}")
+        if timeout_s is None:  # a true math-verify answer takes well under a second; a user's check starts Python
+            timeout_s = MATH_TIMEOUT_S if verifier == "math" else USER_TIMEOUT_S
         if not timeout_s > 0:
             raise ValueError(f"domain.options.timeout_s must be > 0, got {timeout_s}")
         self.source = str(source)

@@ -124,7 +124,7 @@ def resolve(spec: str, near: Path | None = None) -> UserVerifier:
         compile(source, str(path), "exec")
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
         raise ValueError(f"verifier {spec!r}: cannot read {path}: {type(exc).__name__}: {exc}") from None
-    if not re.search(rf"^\s*(?:async\s+)?def\s+{function}\s*\(|^\s*{function}\s*=", source, re.M):
+    if not re.search(rf"\b{function}\b", source):  # the sandboxed load says the rest (an import, a typo'd def)
         raise ValueError(f"verifier {spec!r}: {path} defines no function {function!r}")
     return UserVerifier(spec, path.resolve(), source, function)
 
