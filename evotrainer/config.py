@@ -68,7 +68,8 @@ class DomainConfig(_Strict):
     # package.module:factory path (docs/domains.md)
     name: str = "math"
     levels: list[int] | None = None  # None: the domain's own default
-    # or a path: math GSM8K-style JSONL; code MBPP/HumanEval JSONL; swe "pack" or SWE-bench JSONL
+    # or a path: math GSM8K-style JSONL; code MBPP/HumanEval JSONL; tasks your JSONL (docs/domains.md);
+    # swe "pack" or SWE-bench JSONL
     source: str = "procedural"
     heldout_source: str | None = None  # a second file whose tasks are the held-out split
     options: dict[str, Any] = Field(default_factory=dict)  # the domain's own keyword options

@@ -185,9 +185,11 @@ HUMANEVAL = {
 
 def test_mbpp_and_humaneval_import(tmp_path, domain):
     path = tmp_path / "code.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in MBPP + [HUMANEVAL, MBPP[0]]) + "\n")
+    unnumbered = {k: v for k, v in MBPP[0].items() if k != "task_id"}
+    path.write_text("\n".join(json.dumps(r) for r in MBPP + [HUMANEVAL, unnumbered, unnumbered]) + "\n")
     tasks = load_jsonl(path)
-    assert len(tasks) == 3  # the repeated line is kept once
+    assert len(tasks) == 4  # the repeated line without an id is kept once; ids are the file's own
+    assert {t.task_id for t in tasks} >= {"1", "2", "HumanEval/0"}
     by_entry = {t.meta["entry_point"]: t for t in tasks}
     assert set(by_entry) == {"minimum", "reverse_words", "has_close"}
     assert "`minimum(a, b)`" in by_entry["minimum"].prompt and "has_close" in by_entry["has_close"].prompt
@@ -196,7 +198,7 @@ def test_mbpp_and_humaneval_import(tmp_path, domain):
         assert domain.check(t, fenced(f"def {t.meta['entry_point']}(*a):\n    return None\n"), False).kind == "wrong"
     from_file = CodeDomain(source=str(path), levels=LEVELS)
     split_sizes = len(from_file.tasks("train", 10, 0)) + len(from_file.tasks("heldout", 10, 0))
-    assert split_sizes == 3
+    assert split_sizes == 4
 
 
 def test_import_errors_name_the_line(tmp_path):

@@ -155,7 +155,7 @@ def test_gsm8k_loader_parses_answers_and_splits_by_question(tmp_path):
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        (json.dumps({"answer": "#### 3"}), "'question' must be a non-empty string"),
+        (json.dumps({"answer": "#### 3"}), "'question' (or 'prompt') must be a non-empty string"),
         (json.dumps({"question": "q?", "answer": "three"}), "#### <number>"),
         (json.dumps({"question": "q?", "answer": "#### three"}), "is not a number"),
     ],

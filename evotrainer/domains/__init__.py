@@ -72,5 +72,16 @@ def _bfcl(levels: Any = None, source: str = "procedural", **options: Any) -> Dom
 _bfcl.seed_harness = HARNESSES_DIR / "bfcl"  # type: ignore[attr-defined]
 register("bfcl", _bfcl)
 
+
+def _tasks(**options: Any) -> Domain:
+    """Tasks: your own JSONL task file, checked exactly, numerically, symbolically, by regex or by your function."""
+    from evotrainer.domains.tasks import TasksDomain  # imported on use
+
+    return TasksDomain(**options)
+
+
+_tasks.seed_harness = HARNESSES_DIR / "tasks"  # type: ignore[attr-defined]
+register("tasks", _tasks)
+
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]

@@ -32,6 +32,7 @@ from evotrainer.domains.base import Task, check_split
 from evotrainer.domains.code_check import run_hidden_tests
 from evotrainer.domains.code_problems import _BY_NAME, FAMILIES, Family  # noqa: F401  (re-exported)
 from evotrainer.domains.math import split_of, task_id_of
+from evotrainer.domains.task_files import file_id, load_sources, read_jsonl, unique_ids
 
 LEVELS = (0, 1, 2)
 DOMAIN = "code"
@@ -91,37 +92,43 @@ def _level_of(code: str) -> int:
 
 
 def load_jsonl(path: str | Path, heldout_fraction: float = 0.2) -> list[Task]:
-    """Tasks of both splits from MBPP lines ({text|prompt, code, test_list[, test_setup_code]}) or
-    HumanEval lines ({prompt, canonical_solution, test, entry_point}); ValueError names file:line."""
+    """Tasks of both splits from MBPP or HumanEval JSONL; see `load_jsonl_counted`."""
+    return load_jsonl_counted(path, heldout_fraction)[0]
+
+
+def load_jsonl_counted(path: str | Path, heldout_fraction: float = 0.2) -> tuple[list[Task], int]:
+    """(tasks of both splits, lines kept once as repeats) from MBPP lines ({text|prompt, code,
+    test_list[, test_setup_code]}) or HumanEval lines ({prompt, canonical_solution, test,
+    entry_point}); ValueError names file:line.
+
+    A line's `task_id` (MBPP's number, HumanEval's "HumanEval/0") is its task id, kept exactly;
+    two lines with one id are refused. Without one the id is a hash of the problem text, and a
+    repeated problem is kept once (counted). The split is a hash of the problem text either way.
+    """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read code JSONL: {exc}") from None
     tasks: list[Task] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object")
+    repeats = 0
+    for where, lineno, row in read_jsonl(path, "code JSONL"):
         if "test_list" in row:
             task = _mbpp_task(row, where, heldout_fraction)
         elif "entry_point" in row and "test" in row:
             task = _humaneval_task(row, where, heldout_fraction)
         else:
             raise ValueError(f"{where}: neither MBPP (test_list) nor HumanEval (test + entry_point) fields")
-        if task.meta["key"] in seen:
-            continue
-        seen.add(task.meta["key"])
-        tasks.append(Task(task.task_id, task.domain, task.split, task.level, task.prompt, task.answer,
-                          {**task.meta, "source": str(path), "line": lineno}))
-    return tasks
+        own_id = file_id(row, where, ("task_id",))
+        meta = {**task.meta, "source": str(path), "line": lineno}
+        if own_id is None:
+            if task.meta["key"] in seen:
+                repeats += 1
+                continue
+            seen.add(task.meta["key"])
+        else:
+            meta["source_id"] = own_id
+        tasks.append(Task(own_id if own_id is not None else task.task_id, task.domain, task.split, task.level,
+                          task.prompt, task.answer, meta))
+    unique_ids(tasks)
+    return tasks, repeats
 
 
 def _mbpp_task(row: dict, where: str, heldout_fraction: float) -> Task:
@@ -257,22 +264,38 @@ class CodeDomain:
 
     name = DOMAIN
 
-    def __init__(self, levels: Iterable[int] = LEVELS, source: str | Path = "procedural",
-                 heldout_fraction: float = 0.2, timeout_s: float = TIMEOUT_S) -> None:
-        levels = tuple(sorted(set(levels)))
-        if not levels or any(lv not in LEVELS for lv in levels):
-            raise ValueError(f"code levels must be a non-empty subset of {LEVELS}, got {levels}")
+    def __init__(self, levels: Iterable[int] | None = None, source: str | Path = "procedural",
+                 heldout_fraction: float = 0.2, timeout_s: float = TIMEOUT_S,
+                 heldout_source: str | Path | None = None) -> None:
+        chosen = tuple(sorted(set(LEVELS if levels is None else levels)))
+        if not chosen or any(lv not in LEVELS for lv in chosen):
+            raise ValueError(f"code levels must be a non-empty subset of {LEVELS}, got {chosen}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
-        self.levels = levels
+        self.levels = chosen
         self.heldout_fraction = float(heldout_fraction)
         self.timeout_s = float(timeout_s)
         self.source = str(source)
+        self.heldout_source = None if heldout_source is None else str(heldout_source)
         self._pool: list[Task] | None = None
-        if self.source != "procedural":
-            if not Path(self.source).is_file():
-                raise ValueError(f"code source {self.source!r} is neither 'procedural' nor a file")
-            self._pool = [t for t in load_jsonl(self.source, heldout_fraction) if t.level in levels]
+        self.dropped = 0  # file tasks `levels` left out (logged as a warning when not 0)
+        self.file_notes: tuple[str, ...] = ()
+        if self.source == "procedural":
+            if self.heldout_source is not None:
+                raise ValueError("domain.heldout_source needs a file as domain.source, not 'procedural'")
+            return
+        if not Path(self.source).is_file():
+            raise ValueError(f"code source {self.source!r} is neither 'procedural' nor a file")
+        loaded = load_sources(DOMAIN, load_jsonl_counted, self.source, self.heldout_source, levels,
+                              heldout_fraction)
+        self._pool = loaded.tasks
+        self.dropped, self.file_notes = loaded.dropped, loaded.notes
+
+    def all_tasks(self) -> list[Task]:
+        """Every task of both splits of a file source (levels applied); ValueError for procedural."""
+        if self._pool is None:
+            raise ValueError("code: a procedural source has no finite task list")
+        return list(self._pool)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         check_split(split)

@@ -8,7 +8,6 @@ text and the split, so a held-out problem can never be drawn for train, whatever
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Callable, Iterable
@@ -18,6 +17,7 @@ from typing import Any
 
 from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
+from evotrainer.domains.task_files import FileTasks, file_id, load_sources, read_jsonl, unique_ids
 
 LEVELS = (0, 1, 2, 3)
 DOMAIN = "math"
@@ -267,40 +267,41 @@ def _normalize_question(question: str) -> str:
 
 
 def load_gsm8k(path: str | Path, heldout_fraction: float = 0.2) -> list[Task]:
-    """Tasks of both splits from a JSONL file of {"question", "answer": "... #### N"} lines.
+    """Tasks of both splits from a JSONL file of GSM8K-style lines; see `load_gsm8k_counted`."""
+    return load_gsm8k_counted(path, heldout_fraction)[0]
 
+
+def load_gsm8k_counted(path: str | Path, heldout_fraction: float = 0.2) -> tuple[list[Task], int]:
+    """(tasks of both splits, lines kept once as repeats) from a JSONL file of
+    {"question" or "prompt", "answer"} lines, optionally with "task_id" (or "id").
+
+    The answer is GSM8K's "reasoning... #### N", a bare number ("42", "1,234.5") or a JSON number.
+    A line's own id is its task id, kept exactly (two lines with one id are refused); without one
+    the id is a hash of the normalized question, and a repeated question is kept once (counted).
     The split is a hash of the normalized question, so it does not depend on file order. The
-    level is the number of solution lines before `####`, minus one, clamped to 0-3. A repeated
-    question is kept once. A bad line raises ValueError naming the file and line number.
+    level is the number of solution lines before `####`, minus one, clamped to 0-3 (0 for a bare
+    number). A bad line raises ValueError naming the file and line number.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read GSM8K-style JSONL: {exc}") from None
     tasks: list[Task] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        question, solution = row.get("question"), row.get("answer")
+    repeats = 0
+    for where, lineno, row in read_jsonl(path, "GSM8K-style JSONL"):
+        question = row.get("question", row.get("prompt"))
+        solution = row.get("answer")
         if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{where}: 'question' must be a non-empty string")
+            raise ValueError(f"{where}: 'question' (or 'prompt') must be a non-empty string")
+        own_id = file_id(row, where)
         if isinstance(solution, (int, float)) and not isinstance(solution, bool):
             final, steps = str(solution), 0
         elif isinstance(solution, str) and "####" in solution:
             reasoning, final = solution.rsplit("####", 1)
             final = final.strip()
             steps = sum(1 for s in reasoning.splitlines() if s.strip())
+        elif isinstance(solution, str) and _GSM_FINAL.match(solution.strip()):
+            final, steps = solution.strip(), 0
         else:
-            raise ValueError(f"{where}: 'answer' must be a string ending in '#### <number>'")
+            raise ValueError(f"{where}: 'answer' must be a number or a string ending in '#### <number>'")
         if not _GSM_FINAL.match(final) and not isinstance(solution, (int, float)):
             raise ValueError(f"{where}: final answer {final!r} after '####' is not a number")
         try:
@@ -308,21 +309,27 @@ def load_gsm8k(path: str | Path, heldout_fraction: float = 0.2) -> list[Task]:
         except InvalidOperation:
             raise ValueError(f"{where}: final answer {final!r} is not a number") from None
         key = "gsm:" + _normalize_question(question)
-        if key in seen:
-            continue
-        seen.add(key)
+        if own_id is None:
+            if key in seen:
+                repeats += 1
+                continue
+            seen.add(key)
+        meta: dict[str, Any] = {"key": key, "source": str(path), "line": lineno}
+        if own_id is not None:
+            meta["source_id"] = own_id
         tasks.append(
             Task(
-                task_id=task_id_of(key, "math-gsm"),
+                task_id=own_id if own_id is not None else task_id_of(key, "math-gsm"),
                 domain=DOMAIN,
                 split=split_of(key, heldout_fraction),
                 level=min(3, max(0, steps - 1)),
                 prompt=question.strip(),
                 answer=answer,
-                meta={"key": key, "source": str(path), "line": lineno},
+                meta=meta,
             )
         )
-    return tasks
+    unique_ids(tasks)
+    return tasks, repeats
 
 
 # ---------------------------------------------------------------- the trusted answer check
@@ -401,23 +408,42 @@ class MathDomain:
 
     def __init__(
         self,
-        levels: Iterable[int] = LEVELS,
+        levels: Iterable[int] | None = None,
         source: str | Path = "procedural",
         heldout_fraction: float = 0.2,
+        heldout_source: str | Path | None = None,
     ) -> None:
-        levels = tuple(sorted(set(levels)))
-        if not levels or any(lv not in LEVELS for lv in levels):
-            raise ValueError(f"math levels must be a non-empty subset of {LEVELS}, got {levels}")
         if not 0.0 < heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
-        self.levels = levels
         self.heldout_fraction = float(heldout_fraction)
         self.source = str(source)
+        self.heldout_source = None if heldout_source is None else str(heldout_source)
         self._pool: list[Task] | None = None
-        if self.source != "procedural":
-            if not Path(self.source).is_file():
-                raise ValueError(f"math source {self.source!r} is neither 'procedural' nor a file")
-            self._pool = [t for t in load_gsm8k(self.source, heldout_fraction) if t.level in levels]
+        self.dropped = 0  # file tasks `levels` left out (logged as a warning when not 0)
+        self.file_notes: tuple[str, ...] = ()
+        if self.source == "procedural":
+            if self.heldout_source is not None:
+                raise ValueError("domain.heldout_source needs a file as domain.source, not 'procedural'")
+            levels = tuple(sorted(set(LEVELS if levels is None else levels)))
+            if not levels or any(lv not in LEVELS for lv in levels):
+                raise ValueError(f"math levels must be a non-empty subset of {LEVELS}, got {levels}")
+            self.levels = levels
+            return
+        if not Path(self.source).is_file():
+            raise ValueError(f"math source {self.source!r} is neither 'procedural' nor a file")
+        if levels is not None and (not set(levels) or not set(levels) <= set(LEVELS)):
+            raise ValueError(f"math levels must be a non-empty subset of {LEVELS}, got {sorted(set(levels))}")
+        loaded: FileTasks = load_sources(DOMAIN, load_gsm8k_counted, self.source, self.heldout_source,
+                                         levels, heldout_fraction)
+        self.levels = LEVELS if levels is None else tuple(sorted(set(levels)))
+        self._pool = loaded.tasks
+        self.dropped, self.file_notes = loaded.dropped, loaded.notes
+
+    def all_tasks(self) -> list[Task]:
+        """Every task of both splits of a file source (levels applied); ValueError for procedural."""
+        if self._pool is None:
+            raise ValueError("math: a procedural source has no finite task list")
+        return list(self._pool)
 
     def tasks(self, split: str, n: int, seed: int) -> list[Task]:
         check_split(split)
