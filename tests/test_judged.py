@@ -115,17 +115,29 @@ def test_no_file_and_a_shared_task_are_refused(tmp_path):
 # ------------------------------------------------------------------ the check is the panel's vote
 
 
+def scripted(table: dict[tuple[str, str], list]):
+    """A responder: each (completion, role) answers its own replies in order. The roles ask at
+    once, so a single queue would not say which role got which reply."""
+    left = {k: list(v) for k, v in table.items()}
+
+    def reply(body: dict):
+        return left[(response_of(body), "strict" if is_strict(body) else "lenient")].pop(0)
+    return reply
+
+
 def test_success_only_when_the_panel_votes_pass(tmp_path):
     src = write_jsonl(tmp_path / "tasks.jsonl", TASKS[:2])
-    task = get_domain("judged", source=str(src), judge={"base_url": "http://127.0.0.1:9/v1", "model": "m"}).all_tasks()[0]
-    with ChatServer([verdict(True, 5), verdict(True, 4),       # both pass
-                     verdict(True, 4), verdict(False, 2),      # split vote
-                     verdict(False, 1), verdict(False, 2)]) as server:
+    poem = "Zero is round\nnothing here\n0"
+    table = {(poem, "strict"): [verdict(True, 5)], (poem, "lenient"): [verdict(True, 4)],         # both pass
+             ("zero", "strict"): [verdict(True, 4)], ("zero", "lenient"): [verdict(False, 2)],     # split vote
+             ("trains", "strict"): [verdict(False, 1)], ("trains", "lenient"): [verdict(False, 2)]}
+    with ChatServer(responder=scripted(table)) as server:
         domain = get_domain("judged", source=str(src), judge=judge_cfg(server))
-        ok = domain.check(task, "Zero is round\nnothing here\n0", False)
-        again = domain.check(task, "Zero is round\nnothing here\n0", False)  # same answer: asked once
+        task = domain.all_tasks()[0]
+        ok = domain.check(task, poem, False)
+        again = domain.check(task, poem, False)  # the same answer again: asked once
         split, split_meta = domain.check_meta(task, "zero", False)
-        bad = domain.check(task, "I like trains", False)
+        bad = domain.check(task, "trains", False)
         bodies = server.completions()
     assert len(bodies) == 6
     assert (ok.success, ok.kind, ok.score, ok.flags) == (True, "ok", (4.5 - 1) / 4, (JUDGE_VERIFIED,))
@@ -133,11 +145,12 @@ def test_success_only_when_the_panel_votes_pass(tmp_path):
     assert (split.success, split.kind, split.flags) == (False, "wrong", (JUDGE_VERIFIED, "judge_disputed"))
     assert split_meta[META_KEY]["label"] == "disputed" and split_meta[META_KEY]["votes"]["lenient"]["success"] is False
     assert (bad.success, bad.kind, bad.flags) == (False, "wrong", (JUDGE_VERIFIED,))
-    # The judge reads the instruction, every criterion and the completion; two roles vote.
+    # The judge reads the instruction, every criterion and the completion; each role votes with its
+    # own instructions and temperature.
     user = bodies[0]["messages"][1]["content"]
     assert "Write a haiku about the number 0." in user and "- three lines" in user and "- mentions 0" in user
-    assert response_of(bodies[0]) == "Zero is round\nnothing here\n0"
-    assert [b["temperature"] for b in bodies[:2]] == [0.2, 0.8]
+    assert response_of(bodies[0]) == poem
+    assert sorted((is_strict(b), b["temperature"]) for b in bodies[:2]) == [(False, 0.8), (True, 0.2)]
     # Nothing to judge: no request, and never a success.
     with ChatServer([]) as server:
         domain = get_domain("judged", source=str(src), judge=judge_cfg(server))
@@ -148,9 +161,12 @@ def test_success_only_when_the_panel_votes_pass(tmp_path):
 
 def test_a_missing_or_unavailable_verdict_is_an_error_never_a_success(tmp_path):
     src = write_jsonl(tmp_path / "tasks.jsonl", TASKS[:1])
-    with ChatServer(["Looks great!", "still not JSON", verdict(True, 5),   # strict: MISSING after a retry
-                     {"status": 401, "message": "bad key"},                  # the endpoint refuses
-                     verdict(True, 5), verdict(True, 5)]) as server:         # asked again: now a pass
+    table = {("a haiku", "strict"): ["Looks great!", "still not JSON",   # MISSING after one retry
+                                     verdict(True, 5)],                    # asked again: now a pass
+             ("a haiku", "lenient"): [verdict(True, 5), verdict(True, 5)],
+             ("another haiku", "strict"): [{"status": 401, "message": "bad key"}],  # the endpoint refuses
+             ("another haiku", "lenient"): [verdict(True, 5)]}
+    with ChatServer(responder=scripted(table)) as server:
         domain = get_domain("judged", source=str(src), judge=judge_cfg(server, max_retries=1))
         task = domain.all_tasks()[0]
         missing, meta = domain.check_meta(task, "a haiku", False)
@@ -158,9 +174,10 @@ def test_a_missing_or_unavailable_verdict_is_an_error_never_a_success(tmp_path):
         later = domain.check(task, "a haiku", False)  # a missing verdict is not cached
     assert (missing.success, missing.kind, missing.flags) == (False, "error", (JUDGE_VERIFIED, "judge_missing"))
     assert meta[META_KEY]["label"] == "missing" and meta[META_KEY]["votes"]["strict"]["status"] == "missing"
+    assert meta[META_KEY]["votes"]["lenient"]["success"] is True  # one pass is not a pass
     assert (refused.success, refused.kind, refused.flags) == (False, "error", (JUDGE_VERIFIED, "judge_unavailable"))
-    assert "401" in refused_meta[META_KEY]["error"] or "bad key" in refused_meta[META_KEY]["error"]
-    assert later.success is True
+    assert "bad key" in refused_meta[META_KEY]["error"]
+    assert later.success is True and later.kind == "ok"
     # No server at all: still an outcome, not an exception.
     dead = get_domain("judged", source=str(src), judge={"base_url": server.url, "model": "m", "timeout_s": 2})
     out = dead.check(task, "a haiku", False)

@@ -22,6 +22,7 @@ import json
 import random
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,7 +207,7 @@ class JudgedDomain:
         try:
             rollout = Rollout(f"{task.task_id}#{key[:12]}", task.task_id, "", DOMAIN, judge_prompt(task), completion,
                               (), Outcome(False, 0.0, "wrong"), 0, False)  # the panel never reads the outcome
-            result = self.panel.judge(rollout)
+            result = self._vote(rollout)
         except Exception as exc:  # an unreachable or refusing endpoint: no verdict, never a pass
             reason = f"{type(exc).__name__}: {exc}"[:500]
             return (Outcome(False, 0.0, "error", (JUDGE_VERIFIED, "judge_unavailable")),
@@ -221,6 +222,19 @@ class JudgedDomain:
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return outcome, {META_KEY: summary}
+
+    def _vote(self, rollout: Rollout) -> Any:
+        """The panel's result. Over an endpoint the roles ask at once (a check waits for the
+        slowest role, not for all in turn); a local model answers one prompt at a time."""
+        from evotrainer.judge import PanelResult, decide
+
+        judges = self.panel.judges
+        if self.config.backend != "openai" or len(judges) == 1:
+            return self.panel.judge(rollout)
+        with ThreadPoolExecutor(len(judges)) as pool:
+            votes = dict(zip([j.role.name for j in judges], pool.map(lambda j: j.judge(rollout), judges)))
+        label, quality = decide(votes)
+        return PanelResult(rollout.id, label, quality, votes)
 
     def human_agreement(self) -> dict[str, Any] | None:
         """The panel against the people on the human-labelled held-out responses (None without
