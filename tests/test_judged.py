@@ -64,10 +64,10 @@ def test_tasks_keep_ids_split_by_id_and_come_through_the_registry(tmp_path):
     t = every[3]
     assert t.prompt == "Write a haiku about the number 3." and "mentions 3" not in t.prompt
     assert t.meta["eval_criteria"] == ["three lines", "mentions 3"] and t.meta["line"] == 5
-    # The split is a function of the id, not of file order.
-    rev = write_jsonl(tmp_path / "rev.jsonl", TASKS[::-1])
+    # The split is a function of the instruction, not of file order or the id.
+    rev = write_jsonl(tmp_path / "rev.jsonl", [{**r, "task_id": "x" + r["task_id"]} for r in TASKS[::-1]])
     again = get_domain("judged", source=str(rev), judge={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
-    assert {t.task_id for t in again.tasks("heldout", 100, 0)} == {t.task_id for t in held}
+    assert {t.task_id[1:] for t in again.tasks("heldout", 100, 0)} == {t.task_id for t in held}
 
     # heldout_source: that file is the whole held-out split; domain.options.judge (a dict) works too.
     hsrc = write_jsonl(tmp_path / "held.jsonl", [{"task_id": "h1", "instruction": "Say hi.", "eval_criteria": "greets"}])

@@ -66,7 +66,8 @@ def load_judged(path: str | Path, split: str | None = None,
                 heldout_fraction: float = 0.2) -> tuple[list[Task], list[Labelled]]:
     """The tasks of a judged-tasks JSONL file, and its human-labelled responses.
 
-    `split` puts every line in one split; None splits by a hash of the task id (not file order).
+    `split` puts every line in one split; None splits by a hash of the normalized instruction
+    (not by file order).
     Ids are kept as written. A bad line raises ValueError naming the file and line number."""
     path = Path(path)
     try:
@@ -102,7 +103,8 @@ def load_judged(path: str | Path, split: str | None = None,
         if not isinstance(level, int) or isinstance(level, bool) or level < 0:
             raise ValueError(f"{where}: 'level' must be a whole number >= 0")
         task = Task(task_id=task_id, domain=DOMAIN, level=level, prompt=instruction.strip(),
-                    split=split or split_of(f"judged:{task_id}", heldout_fraction),
+                    # by the instruction, so one instruction under two ids never sits in both splits
+                    split=split or split_of("judged:" + " ".join(instruction.split()).lower(), heldout_fraction),
                     answer="\n".join(criteria),  # the rubric: shown to the judge, not the policy
                     meta={"eval_criteria": criteria, "source": str(path), "line": lineno})
         tasks.append(task)
@@ -146,7 +148,7 @@ class JudgedDomain:
     """Instruction + criteria tasks from JSONL, judged by the configured voting panel.
 
     `source`: the tasks file; `heldout_source`: a second file that is the whole held-out split
-    (else `heldout_fraction` of `source`, by task id); `judge`: a JudgeConfig or its dict (the
+    (else `heldout_fraction` of `source`, by instruction); `judge`: a JudgeConfig or its dict (the
     trainer passes config.judge; without one, JudgeConfig() and its environment variables)."""
 
     name = DOMAIN
