@@ -77,6 +77,8 @@ def test_tasks_keep_ids_split_by_id_and_come_through_the_registry(tmp_path):
     assert d.backend.model == "opt-model"  # an explicit option wins over the trainer's section
     assert [t.task_id for t in d.tasks("heldout", 9, 0)] == ["h1"] and len(d.tasks("train", 99, 0)) == 20
     assert len(d.all_tasks()) == 21
+    # Every other domain is built as before: the judge section reaches only a factory that names it.
+    assert build_domain(DomainConfig(name="math"), judge=JudgeConfig()).name == "math"
 
 
 @pytest.mark.parametrize("line, problem", [

@@ -45,15 +45,11 @@ def round_health(store: Store) -> dict[int, dict[str, float]]:
             for rid, a in out.items()}
 
 
-def _judge_verified(evals: list[dict]) -> bool:
-    """Whether held-out evals hold judge-verified outcomes (the judged domain: an LLM panel's verdict)."""
-    return any((e.get("details") or {}).get("judge_verified") for e in evals)
-
-
 def judged_rounds(store: Store) -> set[tuple[int, int | None]]:
-    """(run id, round index; None: the base model) of the held-out evals that are judge-verified."""
+    """(run id, round index; None: the base model) of the held-out evals that hold judge-verified
+    outcomes (the judged domain: an LLM panel's verdict; train/evaluate.py counts them)."""
     return {(run_id, e["round_index"]) for run_id in store.run_names() for e in store.evals(run_id)
-            if e["split"] == "heldout" and _judge_verified([e])}
+            if e["split"] == "heldout" and (e.get("details") or {}).get("judge_verified")}
 
 
 def judge_agreement(root: Path) -> dict[str, Any] | None:
