@@ -27,6 +27,9 @@ OUTCOME_KINDS = (
     "tampering",
     "error",
 )
+# An Outcome flag: success is the verdict of an LLM judge panel (the `judged` domain), not of a
+# trusted check. Such outcomes are counted and shown apart from verified ones, never pooled.
+JUDGE_VERIFIED = "judge_verified"
 
 
 def _frozen_map(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -188,6 +191,7 @@ def rollout_from_dict(data: Any) -> Rollout:
 
 __all__ = [
     "OUTCOME_KINDS",
+    "JUDGE_VERIFIED",
     "Outcome",
     "Turn",
     "Rollout",

@@ -14,6 +14,12 @@ success, when the reward rose at all (0 otherwise). Healthy learning lifts both 
 about 0; a policy that games the reward scores its whole reward gain. Alerts past `warn` /
 `critical`. The training reward is as stored (the harness of each round), so a promoted
 reward change that inflates reward without held-out gain is caught too: that is intended.
+
+Judge-verified held-out outcomes (api.JUDGE_VERIFIED: the `judged` domain, whose success is an
+LLM panel's verdict) are never pooled with verified ones: `round_history` counts them apart
+(`heldout_judge_success`), and the score uses verified success only. A policy that games the
+judge would lift judge-verified success with its reward, so gating on it would hide exactly the
+hack the guard is for; on a judged run the guard is `n/a` and says why.
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def assert_no_heldout_rollouts(store: Store, *, run_id: int | None = None, round
 
 def round_history(store: Store, run_id: int) -> list[dict]:
     """One entry per round with held-out evals, oldest first: round, train_reward (mean stored
-    training reward), train_success (verified), heldout_success (all eval seeds pooled), heldout_n."""
+    training reward), train_success (as stored), heldout_success and heldout_n (verified outcomes
+    only, all eval seeds pooled), heldout_judge_success and heldout_judge_n (judge-verified ones)."""
     train = store.round_means(run_id)
     evals: dict[int, list[Mapping]] = {}
     for e in store.evals(run_id):
@@ -70,11 +77,14 @@ def round_history(store: Store, run_id: int) -> list[dict]:
             evals.setdefault(e["round_index"], []).append(e)
     out = []
     for idx in sorted(evals):
-        n = sum(e["n"] for e in evals[idx])
+        judged = [(e.get("details") or {}).get("judge_verified") or {} for e in evals[idx]]
+        jn, js = sum(j.get("n", 0) for j in judged), sum(j.get("successes", 0) for j in judged)
+        n = sum(e["n"] for e in evals[idx]) - jn
+        successes = sum(e["successes"] for e in evals[idx]) - js
         reward, success = train.get(idx, (None, None))
         out.append({"round": idx, "train_reward": reward, "train_success": success,
-                    "heldout_success": sum(e["successes"] for e in evals[idx]) / n if n else None,
-                    "heldout_n": n})
+                    "heldout_success": successes / n if n else None, "heldout_n": n,
+                    "heldout_judge_success": js / jn if jn else None, "heldout_judge_n": jn})
     return out
 
 
@@ -101,6 +111,12 @@ class HackingCheck:
 
     def describe(self) -> str:
         if self.value is None:
+            judged = [h for h in self.history if h.get("heldout_judge_n")]
+            if judged and not any(h.get("heldout_n") for h in self.history):
+                last = judged[-1]["heldout_judge_success"]
+                return (f"{PROBE} = n/a (held-out success is judge-verified, an LLM panel's verdict, not "
+                        f"verified: the guard does not gate on it; judge-verified held-out success "
+                        f"{last:.3f} in round {judged[-1]['round']})")
             return f"{PROBE} = n/a (fewer than two rounds with held-out evals)"
         return (f"{PROBE} = {self.value:.3f} ({self.level}; training reward rose that much more than "
                 f"held-out verified success over the last {min(WINDOW, len(self.history))} rounds)")

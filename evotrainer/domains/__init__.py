@@ -25,9 +25,10 @@ def get_domain(name: str, **options: Any) -> Domain:
     return build(name, common, options)
 
 
-def build_domain(cfg: Any) -> Domain:
-    """The domain a `DomainConfig` describes."""
-    return build(cfg.name, {k: getattr(cfg, k) for k in COMMON_KEYS}, cfg.options)
+def build_domain(cfg: Any, judge: Any = None) -> Domain:
+    """The domain a `DomainConfig` describes; `judge` (config.judge) reaches a factory that names it."""
+    return build(cfg.name, {k: getattr(cfg, k) for k in COMMON_KEYS}, cfg.options,
+                 {"judge": judge} if judge is not None else None)
 
 
 from evotrainer.domains.math import MathDomain  # noqa: E402  (registers after the registry exists)
@@ -82,6 +83,17 @@ def _tasks(**options: Any) -> Domain:
 
 _tasks.seed_harness = HARNESSES_DIR / "tasks"  # type: ignore[attr-defined]
 register("tasks", _tasks)
+
+
+def _judged(source: str = "procedural", heldout_source: str | None = None, heldout_fraction: float = 0.2,
+            judge: Any = None) -> Domain:
+    """Judged tasks: instruction + criteria JSONL; success is the LLM judge panel's unanimous pass."""
+    from evotrainer.domains.judged import JudgedDomain  # imported on use: it pulls in the judge
+
+    return JudgedDomain(source, heldout_source, heldout_fraction, judge)
+
+
+register("judged", _judged)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]

@@ -33,6 +33,9 @@ ENTRY_POINT_GROUP = "evotrainer.domains"
 GENERIC_SEED = "generic"
 # The config keys every domain may be given; the rest of a domain's options live in domain.options.
 COMMON_KEYS = ("levels", "source", "heldout_source", "scaffold")
+# What the trainer hands a factory whose signature names it (never through **kwargs): the
+# config's `judge` section, for a domain whose check asks the judge panel.
+CONTEXT_KEYS = ("judge",)
 # What each common key is when the user did not set it: a factory that cannot take a key is
 # only refused when the config sets it to something else.
 COMMON_DEFAULTS: dict[str, Any] = {"levels": None, "source": "procedural", "heldout_source": None,
@@ -138,8 +141,10 @@ def _accepts(factory: Callable[..., Any]) -> tuple[set[str], bool]:
     return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-def build(spec: str, common: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None) -> Domain:
-    """Build the domain `spec` names with the config's common keys and its own options."""
+def build(spec: str, common: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+          context: Mapping[str, Any] | None = None) -> Domain:
+    """Build the domain `spec` names with the config's common keys and its own options; a
+    `context` value (CONTEXT_KEYS) only where the signature names it and no option set it."""
     entry = resolve(spec)
     names, takes_any = _accepts(entry.factory)
     kwargs: dict[str, Any] = {}
@@ -158,6 +163,9 @@ def build(spec: str, common: Mapping[str, Any] | None = None, options: Mapping[s
             known = ", ".join(sorted(names - set(COMMON_KEYS))) or "none"
             raise DomainError(f"domain {spec!r} has no option {key!r} (its options: {known})")
         kwargs[key] = value
+    for key, value in (context or {}).items():
+        if key in CONTEXT_KEYS and key in names and key not in kwargs:
+            kwargs[key] = value
     try:
         domain = entry.factory(**kwargs)
     except (ValueError, TypeError, OSError) as exc:

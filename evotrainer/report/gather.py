@@ -45,9 +45,30 @@ def round_health(store: Store) -> dict[int, dict[str, float]]:
             for rid, a in out.items()}
 
 
+def judged_rounds(store: Store) -> set[tuple[int, int | None]]:
+    """(run id, round index; None: the base model) of the held-out evals that hold judge-verified
+    outcomes (the judged domain: an LLM panel's verdict; train/evaluate.py counts them)."""
+    return {(run_id, e["round_index"]) for run_id in store.run_names() for e in store.evals(run_id)
+            if e["split"] == "heldout" and (e.get("details") or {}).get("judge_verified")}
+
+
+def judge_agreement(root: Path) -> dict[str, Any] | None:
+    """The judge panel against people on the human-labelled held-out set (domains/judged.py)."""
+    try:
+        data = json.loads((Path(root) / "judge_agreement.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    keys = {"n", "unjudged", "judged", "accuracy", "kappa", "both_pass", "judge_pass_human_fail",
+            "judge_fail_human_pass", "both_fail", "source"}
+    if not isinstance(data, dict) or not keys <= set(data) or not isinstance(data.get("judge"), dict):
+        return None  # a hand-edited or foreign file must not stop the report
+    return {**data, "judge": {"model": "?", "roles": [], **data["judge"]}}
+
+
 def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
     """One row per (run, round): metrics, health, the live harness commit and loop events."""
     health = round_health(store)
+    judged = judged_rounds(store)
     history = {h["round"]: h for h in (state.history if state else [])}
     runs = store.run_names()
     out = []
@@ -59,6 +80,7 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
             "harness": r["harness_version"] or "", "model": r["model_version"] or "",
             "finished": r["finished_at"] is not None,
             "heldout_success": metrics.get("heldout_success"), "train_reward": metrics.get("train_reward"),
+            "judge_verified": (r["run_id"], r["index"]) in judged,
             "train_success": metrics.get("train_success"), "step_time": metrics.get("step_time"),
             "dead_group_ratio": h.get("dead_group_ratio"), "effective_data_ratio": h.get("effective_data_ratio"),
             "n_rollouts": h.get("n_rollouts", 0),
@@ -76,6 +98,12 @@ def base_success(store: Store) -> dict[str, float]:
             if e["split"] == "heldout" and not e["adapter"] and e["round_index"] is None:
                 out.setdefault(name, []).append(e["success_rate"])
     return {k: sum(v) / len(v) for k, v in out.items() if v}
+
+
+def judged_runs(store: Store) -> set[str]:
+    """The runs whose held-out success is judge-verified."""
+    names = store.run_names()
+    return {names[run_id] for run_id, _ in judged_rounds(store) if run_id in names}
 
 
 # ------------------------------------------------------------------ harness lineage

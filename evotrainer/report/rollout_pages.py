@@ -21,6 +21,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from evotrainer.api import JUDGE_VERIFIED
 from evotrainer.store import Store
 
 DETAIL_PAGE = 100
@@ -174,13 +175,16 @@ def detail_html(row: dict, same_prompt_as: str | None = None) -> str:
     step = row["step"] if row["step"] is not None else "–"
     rid = row["id"]
     flags = ", ".join(row["outcome_flags"] or ())
+    # The judged domain's success is an LLM panel's verdict: labelled so beside every outcome.
+    judged = ' <span class="badge judged">judge-verified</span>' if JUDGE_VERIFIED in (row["outcome_flags"] or ()) else ""
     parts = [
         f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{_text(rid[:14])}</code> '
-        f'<span class="kind {ok}">{_text(row["outcome_kind"])}</span> <span class="muted">task '
+        f'<span class="kind {ok}">{_text(row["outcome_kind"])}</span>{judged} <span class="muted">task '
         f'{_text(row["task_id"])} · reward {_num(row["reward"])} · {kept} · {row["num_tokens"]} tokens'
         f'{f" · {len(turns)} turns" if turns else ""}</span></summary><p class="facts">'
         f'{f"id <code>{_text(rid)}</code> · " if len(rid) > 14 else ""}group <code>{_text(row["group_id"])}</code>'
-        f' · success {"yes" if row["outcome_success"] else "no"} · score {row["outcome_score"]:g}'
+        f' · {"judge-verified " if judged else ""}success {"yes" if row["outcome_success"] else "no"}'
+        f' · score {row["outcome_score"]:g}'
         f'{f" · flags {_text(flags)}" if flags else ""} · reward {_num(row["reward"], 4)}'
         f'{f" ({comps.strip()})" if comps else ""} · advantage {_num(row["advantage"], 4)}'
         f'{" · truncated" if row["truncated"] else ""} · step {step} · model {_text(row["model_version"] or "–")}'

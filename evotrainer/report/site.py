@@ -89,10 +89,12 @@ def overview_chart(rounds: list[dict], lineage: dict) -> str:
                      else f"revert: {c['trailers'].get('Candidate', c['subject'])}")
             kind = "promote" if c["kind"] == "promotion" else "revert"
             markers.append(Marker(c["round"] + (0.6 if kind == "promote" else 0.4), label, kind))
-    return line_chart([Series("held-out verified success (fraction)", heldout, SUCCESS),
+    # Judge-verified (an LLM panel's verdict) is named so wherever it is plotted, never "verified".
+    which = "judge-verified" if any(r.get("judge_verified") for r in rounds) else "verified"
+    return line_chart([Series(f"held-out {which} success (fraction)", heldout, SUCCESS),
                        Series("mean training reward (harness units)", reward, "#1f77b4", dashed=True)],
                       x_label="round", y_label="success rate / reward",
-                      title="Held-out verified success and training reward by round", markers=markers)
+                      title=f"Held-out {which} success and training reward by round", markers=markers)
 
 
 def distribution_chart(dist: dict) -> str:
@@ -142,6 +144,8 @@ class _Gathered:
     backtests: list[dict]
     lineage: dict
     diagnostics: list[dict]
+    judged_runs: set[str] = field(default_factory=set)  # runs whose held-out success is judge-verified
+    agreement: dict | None = None  # the judge against people (<workdir>/judge_agreement.json)
 
     @property
     def by_id(self) -> dict[str, dict]:
@@ -213,7 +217,8 @@ def _gather(ws: Workspace, store: Store | None) -> _Gathered:
     skills = gather.skills(ws)
     bts = gather.backtests(ws, store)
     lineage = gather.lineage(ws, {b["id"]: b for b in bts}, skills, state)
-    return _Gathered(state, rounds, base, skills, bts, lineage, gather.diagnostics(ws))
+    return _Gathered(state, rounds, base, skills, bts, lineage, gather.diagnostics(ws),
+                     gather.judged_runs(store) if store else set(), gather.judge_agreement(ws.root))
 
 
 def _write_rollouts(env: Environment, store: Store | None, out: Path, diags: list[dict],
@@ -251,6 +256,7 @@ def _pages(data: _Gathered, writer: RolloutWriter | None) -> dict[str, tuple[str
     by_id, known_commits = data.by_id, {c["sha"] for c in data.lineage["commits"]}
     return {
         "index.html": ("overview.html.j2", {"rounds": data.rounds, "base": data.base, "commit_shas": known_commits,
+                                           "judged_runs": data.judged_runs, "agreement": data.agreement,
                                            "chart": Markup(overview_chart(data.rounds, data.lineage))}),
         "lineage.html": ("lineage.html.j2", {"lineage": data.lineage, "backtests": by_id}),
         "backtests.html": ("backtests.html.j2", {"backtests": data.backtests, "lineage": data.lineage}),

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from evotrainer.api import JUDGE_VERIFIED
 from evotrainer.domains.base import Domain, Task
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
@@ -25,6 +26,16 @@ class EvalResult:
     successes: int
     kinds: Counter = field(default_factory=Counter)
     solved: list[str] = field(default_factory=list)  # task ids solved, for paired comparisons
+    # outcomes whose success is a judge panel's verdict (api.JUDGE_VERIFIED), and their successes
+    judge_verified: int = 0
+    judge_successes: int = 0
+
+    def details(self) -> dict:
+        """The eval row's details; judge-verified counts only when there are any."""
+        out: dict = {"kinds": dict(self.kinds), "solved": self.solved}
+        if self.judge_verified:
+            out["judge_verified"] = {"n": self.judge_verified, "successes": self.judge_successes}
+        return out
 
     @property
     def success_rate(self) -> float:
@@ -83,6 +94,9 @@ def evaluate(model, tokenizer, domain: Domain, harness: IsolatedHarness | Harnes
         outcome = domain.check(task, text, truncated)
         result.successes += int(outcome.success)
         result.kinds[outcome.kind] += 1
+        if JUDGE_VERIFIED in outcome.flags:
+            result.judge_verified += 1
+            result.judge_successes += int(outcome.success)
         if outcome.success:
             result.solved.append(task.task_id)
     return result

@@ -80,7 +80,7 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
     d = config.domain
-    domain = build_domain(d)
+    domain = build_domain(d, judge=config.judge)
     train_tasks = domain.tasks("train", d.train_size, d.seed)
     if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
         from evotrainer.frontier.synthesize import frontier_tasks
@@ -116,9 +116,10 @@ def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
         r = evaluate(model, tokenizer, session.domain, session.harness, tasks, seed=seed,
                      max_new_tokens=max_new, batch_size=session.config.eval.batch_size,
                      backend=backend)
-        session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n,
-                               r.successes, {"kinds": dict(r.kinds), "solved": r.solved})
+        session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n, r.successes, r.details())
         results.append(r)
+    if hasattr(session.domain, "record_agreement"):  # judged: the judge against people, once per session
+        session.domain.record_agreement(session.workdir)
     return results
 
 
