@@ -28,6 +28,7 @@ endif
 	# bfcl-eval's own dependencies pin an old numpy, and we read only its data files: --no-deps.
 	$(PIP) install "verifiers>=0.3.1,<0.4"
 	$(PIP) install --no-deps "bfcl-eval==2026.3.23"
+	$(PIP) install "math-verify>=0.9,<0.10"  # the tasks domain's symbolic verifier
 	touch $@
 
 train: setup

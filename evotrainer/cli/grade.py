@@ -105,7 +105,7 @@ def _grade_outputs(domain: str, tasks: Path | None, predictions: Path, config: P
     except ValueError as exc:
         raise UserError(str(exc)) from None
     d = cfg.domain
-    built = build_domain(d)
+    built = build_domain(d, judge=cfg.judge)
     try:
         by_id = domain_tasks(built, d.train_size, d.heldout_size, cfg.eval.seeds)
         with Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -119,7 +119,7 @@ def _grade_outputs(domain: str, tasks: Path | None, predictions: Path, config: P
     if as_json:
         print(json.dumps({"summary": summary, "results": results}, indent=2))
         return
-    table = Table(title=f"{domain}: {summary['successes']}/{summary['n']} succeed "
+    table = Table(title=f"{domain}: {summary['successes']}/{summary['n']} succeed ({summary['verification']}) "
                         f"({summary['success_rate']:.3f}), mean score {summary['mean_score']:.3f}")
     for col in ("split", "n", "success", "outcome kinds"):
         table.add_column(col)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evotrainer.api import JUDGE_VERIFIED
 from evotrainer.domains.base import Domain, Task
 from evotrainer.jsonfile import read_records
 
@@ -88,7 +89,10 @@ def summarize_outputs(results: list[dict[str, Any]], n_tasks: int) -> dict[str, 
         rows = [r for r in results if r["split"] == split]
         won = sum(r["outcome"]["success"] for r in rows)
         by_split[split] = {"n": len(rows), "successes": won, "success_rate": won / len(rows)}
-    return {"n": n, "successes": successes, "success_rate": successes / n if n else 0.0,
+    judged = sum(JUDGE_VERIFIED in r["outcome"]["flags"] for r in results)
+    # A judge panel's verdict is not a verified one: the summary says which kind it counts.
+    verification = "judge-verified" if judged == n and n else ("verified" if not judged else "mixed")
+    return {"verification": verification, "n": n, "successes": successes, "success_rate": successes / n if n else 0.0,
             "mean_score": sum(r["outcome"]["score"] for r in results) / n if n else 0.0,
             "kinds": dict(Counter(r["outcome"]["kind"] for r in results)), "by_split": by_split,
             "tasks_without_prediction": n_tasks - n}
