@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,32 +37,45 @@ def write_json(path: Path | str, data: Any, **dumps: Any) -> None:
         raise
 
 
-def read_records(path: Path | str, what: str = "JSONL") -> list[tuple[str, dict[str, Any]]]:
-    """The objects of a JSONL file (or of a JSON list), each with where it sits ("f.jsonl:3").
+def iter_jsonl(path: Path | str, what: str = "JSONL") -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(`file:line`, line number, object) for each non-blank line of a JSONL file.
 
-    Blank lines are skipped. ValueError names the file and line of the first line that is not
-    a JSON object, and a file that cannot be read."""
+    The one JSONL reader: ValueError names the file and line of the first line that is not a
+    JSON object, and a file that cannot be read."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read {what}: {exc}") from None
-    rows: list[tuple[str, Any]]
-    if text.lstrip().startswith("["):
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
         try:
-            data = json.loads(text)
+            row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
-        rows = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
-    else:
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        yield where, lineno, row
+
+
+def read_records(path: Path | str, what: str = "JSONL") -> list[tuple[str, dict[str, Any]]]:
+    """The objects of a JSONL file, or of a file holding one JSON list, each with where it sits."""
+    path = Path(path)
+    try:
+        head = path.read_text(encoding="utf-8").lstrip()[:1]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read {what}: {exc}") from None
+    if head != "[":
+        return [(where, row) for where, _, row in iter_jsonl(path, what)]
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
+    rows = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
     for where, row in rows:
         if not isinstance(row, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")

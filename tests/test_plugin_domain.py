@@ -194,3 +194,17 @@ def test_train_eval_and_coevolve_run_a_plugin_domain_from_the_command_line(plugi
     assert "echo" in (co / "report" / "index.html").read_text()
     listed = _cli("skills", "list", "--domain", "echo", cwd=tmp_path).stdout
     assert "pass-rate-curriculum" in listed and "edit-then-test" not in listed
+
+
+def test_a_domain_that_fails_to_build_leaves_no_workspace(tmp_path):
+    from evotrainer.train.loop import open_session
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "a", "prompt": "2 + 2?", "answer": "4"}\n{"task_id": "a", "prompt": "x", "answer": "y"}\n')
+    cfg = load_config(None, [f"domain.source={bad}", "domain.options.verifier=numeric"], domain="tasks")
+    with pytest.raises(DomainError, match="bad.jsonl:2"):
+        open_session(cfg, tmp_path / "work")
+    cfg = load_config(None, [], domain="collections:OrderedDict")  # builds, but is no domain
+    with pytest.raises(DomainError, match="returned OrderedDict, which lacks name"):
+        open_session(cfg, tmp_path / "work")
+    assert not (tmp_path / "work").exists()

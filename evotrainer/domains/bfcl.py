@@ -38,6 +38,7 @@ from evotrainer.domains.base import Task, check_split
 from evotrainer.domains.bfcl_check import gold_calls, match_calls, valid_against_docs
 from evotrainer.domains.bfcl_parse import parse_calls, render_calls
 from evotrainer.domains.math import split_of
+from evotrainer.jsonfile import iter_jsonl
 from evotrainer.paths import HARNESSES_DIR
 
 DOMAIN = "bfcl"
@@ -90,18 +91,7 @@ def parse_categories(categories: str | Iterable[str] | None) -> tuple[str, ...]:
 
 
 def _read_jsonl(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read BFCL data: {exc}") from None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-    return rows
+    return [row for _, _, row in iter_jsonl(path, "BFCL data")]
 
 
 def render_prompt(functions: Sequence[Mapping[str, Any]] | str, messages: Sequence[Mapping[str, str]]) -> str:

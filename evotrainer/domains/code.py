@@ -32,7 +32,8 @@ from evotrainer.domains.base import Task, check_split
 from evotrainer.domains.code_check import run_hidden_tests
 from evotrainer.domains.code_problems import _BY_NAME, FAMILIES, Family  # noqa: F401  (re-exported)
 from evotrainer.domains.math import split_of, task_id_of
-from evotrainer.domains.task_files import file_id, load_sources, read_jsonl, unique_ids
+from evotrainer.domains.task_files import file_id, load_sources, unique_ids
+from evotrainer.jsonfile import iter_jsonl
 
 LEVELS = (0, 1, 2)
 DOMAIN = "code"
@@ -109,7 +110,7 @@ def load_jsonl_counted(path: str | Path, heldout_fraction: float = 0.2) -> tuple
     tasks: list[Task] = []
     seen: set[str] = set()
     repeats = 0
-    for where, lineno, row in read_jsonl(path, "code JSONL"):
+    for where, lineno, row in iter_jsonl(path, "code JSONL"):
         if "test_list" in row:
             task = _mbpp_task(row, where, heldout_fraction)
         elif "entry_point" in row and "test" in row:

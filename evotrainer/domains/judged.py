@@ -18,7 +18,6 @@ person's verdict on that response. `human_agreement()` asks the panel about each
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from evotrainer.api import JUDGE_VERIFIED, Outcome, Rollout
 from evotrainer.config import JudgeConfig
 from evotrainer.domains.base import Task, check_split
 from evotrainer.domains.math import split_of
+from evotrainer.jsonfile import iter_jsonl
 
 DOMAIN = "judged"
 META_KEY = "judged"  # rollout.meta["judged"]: the panel's summary behind the outcome
@@ -70,23 +70,10 @@ def load_judged(path: str | Path, split: str | None = None,
     (not by file order).
     Ids are kept as written. A bad line raises ValueError naming the file and line number."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read judged-tasks JSONL: {exc}") from None
     tasks: list[Task] = []
     labelled: list[Labelled] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for where, lineno, row in iter_jsonl(path, "judged-tasks JSONL"):
         task_id = row.get("task_id")
         if isinstance(task_id, int) and not isinstance(task_id, bool):
             task_id = str(task_id)

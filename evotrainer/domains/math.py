@@ -17,7 +17,8 @@ from typing import Any
 
 from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
-from evotrainer.domains.task_files import FileTasks, file_id, load_sources, read_jsonl, unique_ids
+from evotrainer.domains.task_files import FileTasks, file_id, load_sources, unique_ids
+from evotrainer.jsonfile import iter_jsonl
 
 LEVELS = (0, 1, 2, 3)
 DOMAIN = "math"
@@ -286,7 +287,7 @@ def load_gsm8k_counted(path: str | Path, heldout_fraction: float = 0.2) -> tuple
     tasks: list[Task] = []
     seen: set[str] = set()
     repeats = 0
-    for where, lineno, row in read_jsonl(path, "GSM8K-style JSONL"):
+    for where, lineno, row in iter_jsonl(path, "GSM8K-style JSONL"):
         question = row.get("question", row.get("prompt"))
         solution = row.get("answer")
         if not isinstance(question, str) or not question.strip():

@@ -8,10 +8,9 @@ are counted in `FileTasks.dropped` and reported by `report()` as one warning lin
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,28 +21,6 @@ log = logging.getLogger(__name__)
 
 ID_MAX = 256  # the store's task_id column (store/models.py)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def read_jsonl(path: str | Path, what: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """(`file:line`, line number, object) for each non-blank line; ValueError names the line."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read {what}: {exc}") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        yield where, lineno, row
 
 
 def file_id(row: dict[str, Any], where: str, keys: tuple[str, ...] = ("task_id", "id")) -> str | None:

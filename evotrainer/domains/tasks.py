@@ -33,7 +33,8 @@ from evotrainer.domains.base import Task, check_split
 from evotrainer.domains.final_answer import final_answer, tidy
 from evotrainer.domains.math import _canonical_number, check_answer, split_of
 from evotrainer.domains.symbolic import SymbolicChecker, SymbolicError, SymbolicTimeout
-from evotrainer.domains.task_files import file_id, load_sources, read_jsonl, unique_ids
+from evotrainer.domains.task_files import file_id, load_sources, unique_ids
+from evotrainer.jsonfile import iter_jsonl
 
 DOMAIN = "tasks"
 BUILTIN_VERIFIERS = ("exact", "numeric", "math", "regex")
@@ -47,7 +48,7 @@ def load_task_file(path: str | Path, heldout_fraction: float = 0.2) -> tuple[lis
     """(the tasks of one file, 0 repeats: a repeated id is an error here, not a repeat)."""
     path = Path(path)
     tasks: list[Task] = []
-    for where, lineno, row in read_jsonl(path, "task JSONL"):
+    for where, lineno, row in iter_jsonl(path, "task JSONL"):
         unknown = sorted(set(row) - FIELDS)
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(map(repr, unknown))} "

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.grade.packs import is_pack, pack_repo_base, swe_cache
-from evotrainer.jsonfile import read_records
+from evotrainer.jsonfile import iter_jsonl, read_records
 
 FIELDS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS",
           "problem_statement", "level")
@@ -142,20 +142,9 @@ def load_tasks(path: Path | str, *, check_repo: bool = True) -> list[SweTask]:
     """Every task of a JSONL file; ValueError names the file and line of the first bad one."""
     path = Path(path)
     base, hide = repo_base(path, check_repo=check_repo)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read task JSONL: {exc}") from None
     tasks: list[SweTask] = []
     seen: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+    for where, lineno, row in iter_jsonl(path, "task JSONL"):
         task = task_from_dict(row, base=base, where=where, check_repo=check_repo)
         if task.instance_id in seen:
             raise ValueError(f"{where}: instance_id {task.instance_id!r} repeats line {seen[task.instance_id]}")

@@ -3,13 +3,13 @@ check the patches parse, and write the tasks with `repo` paths that resolve from
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
 from evotrainer.grade import PatchError, SweTask, apply_patch, parse_patch, task_from_dict, write_tasks
 from evotrainer.grade.swe_tasks import repo_base
+from evotrainer.jsonfile import iter_jsonl
 
 
 def _resolve_repo(row: dict, base: Path, repo_root: Path | None) -> dict:
@@ -32,24 +32,12 @@ def import_tasks(src: Path | str, out: Path | str, *, repo_root: Path | str | No
     src, out = Path(src), Path(out)
     base, _ = repo_base(src)  # a task pack's file: its repos are in the fetched snapshot store
     root = Path(repo_root).resolve() if repo_root else None
-    try:
-        lines = src.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{src}: cannot read: {exc}") from None
     tasks: list[SweTask] = []
     seen: set[str] = set()
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        where = f"{src}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
-        if isinstance(row, dict):
-            row = _resolve_repo(row, base, root)
-            if default_level is not None and "level" not in row:
-                row = {**row, "level": default_level}
+    for where, _, row in iter_jsonl(src, "task JSONL"):
+        row = _resolve_repo(row, base, root)
+        if default_level is not None and "level" not in row:
+            row = {**row, "level": default_level}
         task = task_from_dict(row, base=base, where=where)
         if task.instance_id in seen:
             raise ValueError(f"{where}: instance_id {task.instance_id!r} repeats")

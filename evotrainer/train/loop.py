@@ -70,6 +70,11 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
                  harness: IsolatedHarness | None = None) -> Session:
     console = console or make_console(stderr=True)
     check_backends(config)  # a vLLM config on a machine without CUDA fails here, before any work
+    d = config.domain
+    # A bad domain, task file or option fails here too, before a workspace or a store is made.
+    domain = build_domain(d, judge=config.judge)
+    train_tasks = domain.tasks("train", d.train_size, d.seed)
+    heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)
     if harness is None:
@@ -79,15 +84,11 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
         barrier()
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
-    d = config.domain
-    domain = build_domain(d, judge=config.judge)
-    train_tasks = domain.tasks("train", d.train_size, d.seed)
     if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
         from evotrainer.frontier.synthesize import frontier_tasks
 
         known = {t.task_id for t in train_tasks}
         train_tasks += [t for t in frontier_tasks(store, d.name) if t.task_id not in known]
-    heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     run_id = None
     if is_main():
         store.upsert_tasks(d.name, [_task_row(t) for t in train_tasks])
