@@ -16,6 +16,7 @@ from evotrainer.domains.registry import (
     register,
     resolve,
 )
+from evotrainer.paths import HARNESSES_DIR
 
 
 def get_domain(name: str, **options: Any) -> Domain:
@@ -47,6 +48,18 @@ def _swe(levels: Any = None, source: str = "procedural", scaffold: str = "edit",
 
 
 register("swe", _swe)
+
+
+def _reasoning_gym(generators: Any = None, heldout_fraction: float = 0.2, vet_samples: int = 8,
+                   max_answer_chars: int = 2000) -> Domain:
+    """reasoning-gym's procedural generators (options.generators), each graded by its vetted scorer."""
+    from evotrainer.domains.rgym import make  # imported on use: reasoning-gym is an optional extra
+
+    return make(generators, heldout_fraction, vet_samples, max_answer_chars)
+
+
+_reasoning_gym.seed_harness = HARNESSES_DIR / "reasoning_gym"  # type: ignore[attr-defined]
+register("reasoning_gym", _reasoning_gym)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
