@@ -4,7 +4,7 @@ Each generator runs in its own process (a timeout per generator; some are slow o
 PYTHONHASHSEED=1: evotrainer.domains.rgym.vet with its default config, plus a digest of the
 vetted entries. A second pass under PYTHONHASHSEED=2 compares the digests: a generator whose
 entries differ between processes is not seed-deterministic across runs (in-process vetting
-cannot see that). Prints a markdown table (generator, verdict, why, partial-credit probes, seconds)
+cannot see that). Prints a markdown table (generator, verdict, why, noted leniencies, partial-credit probes, seconds)
 and writes the rows as JSON.
 
     python bench/rgym_survey.py [--samples 8] [--timeout 90] [--workers 2] [--out /tmp/rgym_survey.json] [names...]
@@ -22,27 +22,29 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MARK = "RGYM-SURVEY-ROW "
 
 
 def one(name: str, samples: int) -> dict:
     """Run in the child: vet one generator and digest its entries."""
     from evotrainer.domains import rgym
 
+    rgym.CROSS_PROCESS_UNSTABLE.clear()  # that list is this survey's output: measure afresh
     spec = rgym.GeneratorSpec(name)
     start = time.perf_counter()
     try:
         v = rgym.vet(spec, samples)
-        problems, partial = v.problems, v.partial_wrong
+        problems, partial, notes = v.problems, v.partial_wrong, sorted(v.notes)
     except Exception as exc:
-        problems, partial = [f"{type(exc).__name__}: {str(exc)[:160]}"], 0
+        problems, partial, notes = [f"{type(exc).__name__}: {str(exc)[:160]}"], 0, []
     seconds = time.perf_counter() - start
     try:
         ds = rgym.make_dataset(spec, 1234, samples)
         digest = rgym._digest("".join(rgym._entry_digest(ds[i]) for i in range(samples)))
     except Exception as exc:
         digest = f"error: {type(exc).__name__}"
-    return {"name": name, "problems": problems, "partial_wrong": partial, "seconds": round(seconds, 2),
-            "digest": digest}
+    return {"name": name, "problems": problems, "notes": notes, "partial_wrong": partial,
+            "seconds": round(seconds, 2), "digest": digest}
 
 
 def child(name: str, samples: int, hashseed: int, timeout: float) -> dict:
@@ -51,14 +53,14 @@ def child(name: str, samples: int, hashseed: int, timeout: float) -> dict:
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"name": name, "problems": [f"timed out after {timeout:.0f} s"], "partial_wrong": 0,
+        return {"name": name, "problems": [f"timed out after {timeout:.0f} s"], "notes": [], "partial_wrong": 0,
                 "seconds": timeout, "digest": "timeout"}
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
+    at = done.stdout.rfind(MARK)
+    if done.returncode != 0 or at < 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:160]
-        return {"name": name, "problems": [f"crashed: {tail}"], "partial_wrong": 0, "seconds": 0.0,
+        return {"name": name, "problems": [f"crashed: {tail}"], "notes": [], "partial_wrong": 0, "seconds": 0.0,
                 "digest": "crash"}
-    return json.loads(lines[-1])
+    return json.loads(done.stdout[at + len(MARK):].splitlines()[0])
 
 
 def main() -> None:
@@ -71,7 +73,7 @@ def main() -> None:
     ap.add_argument("--child")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(one(args.child, args.samples)))
+        print(MARK + json.dumps(one(args.child, args.samples)))  # bf's generator prints to stdout too
         return
     from reasoning_gym.factory import DATASETS
 
@@ -86,11 +88,12 @@ def main() -> None:
             problems.append("entries differ between processes (PYTHONHASHSEED 1 vs 2)")
         rows.append({**a, "problems": problems})
     Path(args.out).write_text(json.dumps(rows, indent=1))
-    print("| generator | verdict | why (measured) | partial-credit wrong probes | s |")
-    print("|---|---|---|---|---|")
+    print("| generator | verdict | why (measured) | noted | partial-credit wrong probes | s |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         verdict = "refused" if r["problems"] else "ok"
-        print(f"| {r['name']} | {verdict} | {'; '.join(r['problems'])} | {r['partial_wrong']} | {r['seconds']} |")
+        print(f"| {r['name']} | {verdict} | {'; '.join(r['problems'])} | {'; '.join(r['notes'])} "
+              f"| {r['partial_wrong']} | {r['seconds']} |")
     refused = sum(1 for r in rows if r["problems"])
     print(f"\n{len(rows)} generators, {len(rows) - refused} ok, {refused} refused; rows in {args.out}")
 

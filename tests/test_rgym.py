@@ -7,11 +7,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("reasoning_gym")
+from evotrainer.domains import DomainError, get_domain, resolve, rgym
+from evotrainer.domains.rgym import GeneratorSpec, ReasoningGymDomain, extract_answer, score, vet
 
-from evotrainer.domains import DomainError, get_domain, resolve  # noqa: E402
-from evotrainer.domains import rgym  # noqa: E402
-from evotrainer.domains.rgym import GeneratorSpec, ReasoningGymDomain, extract_answer, score, vet  # noqa: E402
+pytest.importorskip("reasoning_gym")  # the optional extra: pip install reasoning-gym==0.1.25
 
 RECOMMENDED = [
     {"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}},
@@ -183,7 +182,7 @@ def test_a_small_space_runs_out_with_a_clear_error():
     d = ReasoningGymDomain([{"name": "chain_sum", "config": {"min_terms": 2, "max_terms": 2,
                                                             "min_digits": 1, "max_digits": 1}}])
     with pytest.raises(ValueError, match="ran out of distinct heldout questions"):
-        d.tasks("heldout", 500, 0)
+        d.tasks("heldout", 100, 0)
 
 
 # ---------------------------------------------------------------- vetting and refusal
@@ -195,12 +194,24 @@ def test_refuses_a_scorer_that_evals_model_text():
 
 
 def test_refuses_a_scorer_that_accepts_any_answer():
-    v = vet(GeneratorSpec(rgym_lenient()))
-    assert not v.ok and any("accepts" in p for p in v.problems), v.problems
+    # game_of_life_halting's scorer (reasoning-gym 0.1.25) gives 1.0 to "x" and to the question itself.
+    v = vet(GeneratorSpec("game_of_life_halting"))
+    assert not v.ok
+    assert any(p.startswith("accepts the garbage 'x'") for p in v.problems), v.problems
+    with pytest.raises(DomainError, match="game_of_life_halting: .*accepts the garbage"):
+        get_domain("reasoning_gym", generators=["game_of_life_halting"])
 
 
-def rgym_lenient() -> str:
-    return "emoji_mystery"
+def test_refuses_unstable_and_goldless_generators():
+    with pytest.raises(DomainError, match="word_ladder: not seed-deterministic across processes"):
+        get_domain("reasoning_gym", generators=["word_ladder"])
+    with pytest.raises(DomainError, match="boxnet: no gold answer"):
+        get_domain("reasoning_gym", generators=["boxnet"])
+
+
+def test_reading_only_the_first_item_is_noted_not_refused():
+    v = vet(GeneratorSpec("gsm_symbolic"), samples=4)  # its scorer reads the first number
+    assert v.ok and v.notes == {"scores 'gold, other' 1.0 (ignores what follows the gold)"}
 
 
 def test_recommended_generators_pass_vetting():
