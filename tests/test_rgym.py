@@ -9,6 +9,7 @@ import pytest
 
 from evotrainer.domains import DomainError, get_domain, resolve, rgym
 from evotrainer.domains.rgym import GeneratorSpec, ReasoningGymDomain, extract_answer, score, vet
+from evotrainer.harness.loader import load_harness
 
 pytest.importorskip("reasoning_gym")  # the optional extra: pip install reasoning-gym==0.1.25
 
@@ -238,6 +239,9 @@ def test_registry_and_seed_harness():
     d = get_domain("reasoning_gym", generators="chain_sum, leg_counting")
     assert [s.name for s in d.specs] == ["chain_sum", "leg_counting"]
     seed = resolve("reasoning_gym").seed_harness()
-    assert seed.name == "reasoning_gym" and (seed / "harness.yaml").is_file()
-    prompt = (seed / "rollout.py").read_text()
-    assert "Answer:" in prompt
+    assert seed.name == "reasoning_gym"
+    harness = load_harness(seed)  # the real loader: the seed is a valid harness
+    task = d.tasks("train", 1, 0)[0]
+    prompt = harness.render_prompt(task.prompt)
+    assert prompt.startswith(task.prompt) and '"Answer:"' in prompt
+    assert d.check(task, f"Sure.\nAnswer: {task.answer}\n", False).success  # the asked-for format works
