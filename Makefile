@@ -29,6 +29,7 @@ endif
 	$(PIP) install "verifiers>=0.3.1,<0.4"
 	$(PIP) install --no-deps "bfcl-eval==2026.3.23"
 	$(PIP) install "math-verify>=0.9,<0.10"  # the tasks domain's symbolic verifier
+	$(PIP) install "reasoning-gym==0.1.25"
 	touch $@
 
 train: setup

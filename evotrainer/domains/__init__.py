@@ -16,7 +16,6 @@ from evotrainer.domains.registry import (
     register,
     resolve,
 )
-from evotrainer.paths import HARNESSES_DIR
 
 
 def get_domain(name: str, **options: Any) -> Domain:
@@ -70,7 +69,6 @@ def _bfcl(levels: Any = None, source: str = "procedural", **options: Any) -> Dom
     return BfclDomain(levels=levels, source=source, **options)
 
 
-_bfcl.seed_harness = HARNESSES_DIR / "bfcl"  # type: ignore[attr-defined]
 register("bfcl", _bfcl)
 
 
@@ -81,7 +79,6 @@ def _tasks(**options: Any) -> Domain:
     return TasksDomain(**options)
 
 
-_tasks.seed_harness = HARNESSES_DIR / "tasks"  # type: ignore[attr-defined]
 register("tasks", _tasks)
 
 
@@ -94,6 +91,17 @@ def _judged(source: str = "procedural", heldout_source: str | None = None, heldo
 
 
 register("judged", _judged)
+
+
+def _reasoning_gym(generators: Any = None, heldout_fraction: float = 0.2, vet_samples: int = 8,
+                   max_answer_chars: int = 2000) -> Domain:
+    """reasoning-gym's procedural generators (options.generators), each graded by its vetted scorer."""
+    from evotrainer.domains.rgym import make  # imported on use: reasoning-gym is an optional extra
+
+    return make(generators, heldout_fraction, vet_samples, max_answer_chars)
+
+
+register("reasoning_gym", _reasoning_gym)
 
 __all__ = ["SPLITS", "Domain", "DomainEntry", "DomainError", "Task", "MathDomain", "CodeDomain", "register",
            "available", "build", "build_domain", "get_domain", "resolve"]
