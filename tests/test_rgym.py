@@ -52,10 +52,10 @@ def test_wrong_empty_and_malformed_fail(domain, by_generator):
     cases = {
         "": "empty", "   \n": "empty",
         f"Answer: {wrong}": "wrong",
-        f"The answer is {task.answer}": "format_error",  # no marker: no answer
+        f"The answer is {wrong}": "wrong",  # no marker: the last line is the one candidate
         "Answer:   \n": "format_error",
         "<answer> </answer>": "format_error",
-        f"<answer>{task.answer}": "format_error",  # an unclosed tag is no block (and no Answer: line)
+        f"<answer>{task.answer}": "wrong",  # an unclosed tag is no block: the bare line is read as it is
         "Answer: " + "9" * 3000: "format_error",
     }
     for completion, kind in cases.items():
@@ -64,6 +64,20 @@ def test_wrong_empty_and_malformed_fail(domain, by_generator):
     assert domain.check(task, "Answer:", False).flags == ("empty_answer",)
     assert domain.check(task, "Answer: " + "1" * 3000, False).flags == ("answer_too_long",)
     assert domain.check(task, "no marker", False).flags == ("no_answer_marker",)
+
+
+def test_without_a_marker_only_the_last_line_counts(domain, by_generator):
+    task = by_generator["chain_sum"][0]
+    gold, wrong = task.answer, str(int(task.answer) + 1)
+    for completion in (f"The final answer to the given arithmetic problem is {gold}.", f"2 + 3 = 5\n1 + 1 = {gold}",
+                       f"Let me add.\nThe result is: {gold}"):
+        outcome = domain.check(task, completion, False)
+        assert (outcome.success, outcome.kind, outcome.flags) == (True, "ok", ("no_answer_marker",)), completion
+    # One candidate per completion: the gold on an earlier line, or cut off, wins nothing.
+    for completion, truncated in ((f"The answer is {gold}.\nThe answer is {wrong}.", False),
+                                  (f"{gold}\n{wrong}", False), (f"The answer is {gold}", True)):
+        assert not domain.check(task, completion, truncated).success, completion
+    assert domain.check(task, f"The answer is {gold}", True).kind == "truncated"
 
 
 def test_partial_score_is_kept_but_is_not_success(domain, by_generator):
@@ -124,7 +138,9 @@ def test_extract_answer_rule():
     assert extract_answer("x\nAnswer: 3\nAnswer: 4") == ("3", "")
     assert extract_answer("Answer: 3\n<answer> 4 </answer>") == ("4", "")
     assert extract_answer("<ANSWER>a\nb</ANSWER>") == ("a\nb", "")
-    assert extract_answer("the answer: 3") == (None, "no_answer_marker")  # a marker starts its line
+    # A marker starts its line; without one the last line is read for what it says the answer is.
+    assert extract_answer("the answer: 3") == ("3", "no_answer_marker")
+    assert extract_answer("So the answer is 3.") == ("3", "no_answer_marker")
     assert extract_answer("Answer: 3", truncated=True) == (None, "truncated")
 
 

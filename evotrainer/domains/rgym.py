@@ -303,6 +303,21 @@ _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _LINE = re.compile(r"^[ \t]*(?:final[ \t]+)?answer[ \t]*:[ \t]*(.*?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
 
 
+# Without a marker: what the last line says is the answer ("The final answer ... is 89.") or the
+# right-hand side of an equation on it ("74 + 88 = 152").
+_SAYS = re.compile(r"^.*?\b(?:answer|result)\b[^:\n]*?(?:\bis\b[:\s]*|:\s*)", re.IGNORECASE)
+
+
+def _last_line_answer(completion: str) -> str:
+    last = [line.strip() for line in completion.splitlines() if line.strip()][-1]
+    if len(last) > 4000:  # past any answer's length (max_answer_chars refuses it); no regex on it
+        return last
+    last = _SAYS.sub("", last, count=1)
+    if "=" in last:
+        last = last.rsplit("=", 1)[1]
+    return last.strip().rstrip(".").strip()
+
+
 def extract_answer(completion: str, truncated: bool = False) -> tuple[str | None, str]:
     """(the answer, "") or (None, why there is none); the reason is also a flag word.
 
@@ -312,6 +327,12 @@ def extract_answer(completion: str, truncated: bool = False) -> tuple[str | None
     on its own answer, and listing candidates gains nothing since only one is ever read. In a
     truncated completion an "Answer:" on the last, unfinished line may be cut short, so it does not
     count ("truncated"); a closed block does.
+
+    With no marker at all, the last line is the one candidate: what it says the answer is, or the
+    right-hand side of its last "=" (flag `no_answer_marker`). SmolLM2-135M writes "The final
+    answer to the given arithmetic problem is 89." and "74 + 88 = 152" far more often than
+    "Answer: 89" (128 of 128 chain_sum held-out replies had no marker), and one candidate per
+    completion leaves nothing to game. A cut-off completion without a marker is "truncated".
     """
     tag = _TAG.search(completion)
     if tag is not None:
@@ -319,7 +340,10 @@ def extract_answer(completion: str, truncated: bool = False) -> tuple[str | None
     else:
         line = _LINE.search(completion)
         if line is None:
-            return None, "truncated" if truncated else "no_answer_marker"
+            if truncated:
+                return None, "truncated"
+            bare = _last_line_answer(completion)
+            return (bare, "no_answer_marker") if bare else (None, "no_answer_marker")
         if truncated and "\n" not in completion[line.end():]:
             return None, "truncated"
         found = line.group(1).strip()
@@ -468,6 +492,7 @@ class ReasoningGymDomain:
             if not isinstance(completion, str) or not completion.strip():
                 return Outcome(False, 0.0, "empty")
             answer, why = extract_answer(completion, truncated)
+            marker_flags = (why,) if answer is not None and why else ()
             if answer is None:
                 kind = "truncated" if why == "truncated" else "format_error"
                 return Outcome(False, 0.0, kind, (why,) if kind == "format_error" else ())
@@ -479,7 +504,7 @@ class ReasoningGymDomain:
             got, problem = score(ds, answer, entry)
             if got is None:
                 return Outcome(False, 0.0, "error", (str(problem),))
-            flags = ("more_answers_ignored",) if answer_count(completion) > 1 else ()
+            flags = marker_flags + (("more_answers_ignored",) if answer_count(completion) > 1 else ())
             if got == 1.0:
                 return Outcome(True, 1.0, "ok", flags)
             return Outcome(False, got, "wrong", flags + (("partial",) if got > 0 else ()))
