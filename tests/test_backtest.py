@@ -187,6 +187,33 @@ def test_gate_judges_mean_tokens_relative_to_the_base():
                   declared_target="mean_tokens").decision == "reject"
 
 
+def test_a_change_that_leaves_no_training_signal_is_never_a_gain():
+    """Seen on swe: a filter that kept nothing 'improved' mean_tokens 120.9 -> 0 and was promoted."""
+    from evotrainer.backtest import decide
+
+    base = {"dead_group_ratio": 1.0, "effective_data_ratio": 0.0, "proxy_auc": None, "n_rollouts": 16,
+            "ordering_violations": 0.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0, "mean_tokens": 120.9}
+    keeps_nothing = {**base, "mean_tokens": 0.0}
+    d = decide(base, keeps_nothing, GateConfig(), declared_target="mean_tokens")
+    assert d.decision == "reject" and any("nothing to train on" in r for r in d.reasons)
+    live = {**base, "dead_group_ratio": 0.5, "effective_data_ratio": 0.25, "mean_tokens": 100.0}
+    assert decide({**live, "mean_tokens": 120.9}, live, GateConfig(), declared_target="mean_tokens").decision == "promote"
+
+
+def test_passing_candidates_are_ranked_in_margins_not_raw_units():
+    from evotrainer.backtest.gate import margins_gained
+    from evotrainer.coevolve.loop import _gain
+
+    gate = GateConfig()  # margin 0.02 on ratios, token_margin 0.05 of the base on mean_tokens
+    tokens = {"target": "mean_tokens", "metrics": {"base": {"mean_tokens": 100.0}, "candidate": {"mean_tokens": 94.0}}}
+    dead = {"target": "dead_group_ratio",
+            "metrics": {"base": {"dead_group_ratio": 0.6}, "candidate": {"dead_group_ratio": 0.4}}}
+    # Raw deltas would rank 6 tokens over 0.2 of the groups revived; in margins it is 1.2 against 10.
+    assert _gain(tokens, gate) == margins_gained("mean_tokens", 100.0, 94.0, gate) == pytest.approx(1.2)
+    assert _gain(dead, gate) > _gain(tokens, gate)
+    assert _gain({"target": None, "metrics": {}}, gate) is None
+
+
 def test_replay_reproduces_every_metric_and_the_decision(ws):
     from evotrainer.cli.main import app
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from evotrainer.backtest.metrics import DEFAULT_TARGETS, LOWER_IS_BETTER, METRICS, SAFETY_METRICS, improvement
+from evotrainer.backtest.metrics import DEFAULT_TARGETS, EPS, LOWER_IS_BETTER, METRICS, SAFETY_METRICS, improvement
 from evotrainer.config import GateConfig
 from evotrainer.harness.sandbox import CandidateFailure
 
@@ -77,6 +77,7 @@ def decide(base: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, 
     in_time = candidate_seconds <= gate.time_budget_s
     checks.append(Check("time_budget", in_time, f"the candidate took {candidate_seconds:.1f} s of its "
                         f"{gate.time_budget_s:g} s budget"))
+    checks.append(_signal_check(candidate))
     checks.append(_target_check(base, candidate, gate, declared_target))
     target = checks[-1].name.removeprefix("target:") if checks[-1].name.startswith("target:") else None
     for name in SAFETY_METRICS:
@@ -112,6 +113,22 @@ def _target_check(base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateCo
     return Check(f"target:{best}", ok, detail)
 
 
+def _signal_check(cand: Mapping[str, Any]) -> Check:
+    """A change that leaves no rollout with a learning signal is never a gain, whatever its target
+    says: a filter that keeps nothing "improves" mean_tokens to 0 and every ratio it divides."""
+    ratio = cand.get("effective_data_ratio")
+    ok = ratio is not None and ratio > EPS
+    return Check("signal", ok, f"the candidate leaves {_fmt(ratio)} of the rollouts with a learning signal"
+                 + ("" if ok else " (kept, in a live group, with a non-zero advantage): nothing to train on"))
+
+
+def margins_gained(name: str, base: float, cand: float, gate: GateConfig) -> float:
+    """A target's improvement in units of its own margin: comparable across metrics, so that
+    tokens are never ranked against ratios (coevolve's choice between passing candidates)."""
+    needed = _needed(name, gate)
+    return _gain(name, base, cand) / needed if needed > 0 else _gain(name, base, cand)
+
+
 def _gain(name: str, base: float, cand: float) -> float:
     gain = improvement(name, base, cand)
     if name in RELATIVE_METRICS:
@@ -133,4 +150,4 @@ def _safety_check(name: str, base: Mapping[str, Any], cand: Mapping[str, Any], g
                  f"tolerance {gate.tolerance:g}")
 
 
-__all__ = ["Check", "GateDecision", "decide", "target_from_trailer"]
+__all__ = ["Check", "GateDecision", "decide", "margins_gained", "target_from_trailer"]

@@ -16,11 +16,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from evotrainer.backtest import LOWER_IS_BETTER, Selector, backtest
+from evotrainer.backtest import Selector, backtest
+from evotrainer.backtest.gate import margins_gained
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
-from evotrainer.config import Config
+from evotrainer.config import Config, GateConfig
 from evotrainer.console import make_console
 from evotrainer.crashpoints import crash_point
 from evotrainer.dist import barrier, is_main
@@ -210,7 +211,7 @@ class Coevolution:
                                   workers=self.config.executor.workers, executor=self.config.executor.kind,
                                   reuse=True)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
-            c.gain = _gain(report)
+            c.gain = _gain(report, self.config.gate)
             state.save(self.state_path)
             colour = "green" if c.decision == "promote" else "red"
             self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] ({report['id']}) "
@@ -403,9 +404,12 @@ def breadth_first(proposals: list) -> list:
     return [p for _, _, p in sorted(keyed, key=lambda t: (t[0], t[1]))]
 
 
-def _gain(report: dict) -> float | None:
+def _gain(report: dict, gate: GateConfig) -> float | None:
+    """The backtest's gain on its target in margins (backtest/gate.py margins_gained): a token
+    count and a ratio are never ranked against each other raw."""
     target = report.get("target")
-    delta = (report.get("deltas") or {}).get(target)
-    if target is None or delta is None:
+    metrics = report.get("metrics") or {}
+    base, cand = metrics.get("base") or {}, metrics.get("candidate") or {}
+    if target is None or base.get(target) is None or cand.get(target) is None:
         return None
-    return -delta if target in LOWER_IS_BETTER else delta
+    return margins_gained(target, base[target], cand[target], gate)
