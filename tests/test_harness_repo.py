@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from evotrainer.api import Outcome, Rollout
 from evotrainer.cli.harness import app as harness_app
 from evotrainer.cli.main import app as main_app
+from evotrainer.domains import DomainError
 from evotrainer.harness import HARNESS_FILES, HarnessError
 from evotrainer.harness.loader import read_sources
 from evotrainer.harness.repo import HarnessRepo, HarnessRepoError
@@ -106,8 +107,11 @@ def test_workspace_for_another_domain_is_refused(ws):
 
 
 def test_unknown_domain_and_non_repo_folder_are_refused(tmp_path):
-    with pytest.raises(WorkspaceError, match="no seed harness for domain 'chess'.*shipped domains: .*math"):
+    with pytest.raises(DomainError, match="unknown domain 'chess'; known: .*math"):
         ensure_workspace(tmp_path / "a", "chess")
+    with pytest.raises(WorkspaceError, match="no seed harness for domain 'math' at .*nope.*shipped domains: .*math"):
+        ensure_workspace(tmp_path / "a", "math", seed=tmp_path / "nope")
+    assert not (tmp_path / "a").exists()
     (tmp_path / "b" / "harnesses").mkdir(parents=True)
     (tmp_path / "b" / "harnesses" / "notes.txt").write_text("mine")
     with pytest.raises(WorkspaceError, match="not empty and is not a git repo"):

@@ -131,3 +131,25 @@ def test_new_sqlite_store_opened_by_several_processes_at_once(tmp_path: Path) ->
 def test_new_postgres_store_opened_by_several_processes_at_once(postgres) -> None:  # noqa: F811
     for attempt in range(3):
         _open_at_once(postgres.new_database(f"race{attempt}"))
+
+
+
+def test_opening_a_store_waits_while_another_process_holds_the_new_database(tmp_path: Path) -> None:
+    """Switching a fresh database to WAL is not covered by SQLite's busy timeout: opened while
+    another connection held the write lock, a store failed at once with "database is locked" (how
+    CI's two-rank test lost rank 1, about 1 open in 120 with 4 processes at a time). It now waits."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "held.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE other (x)")  # a database in rollback-journal mode, as a new file is
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    began = time.monotonic()
+    with Store(f"sqlite:///{path}") as store:
+        assert store.count_rollouts() == 0
+    assert time.monotonic() - began >= 0.4  # it waited for the holder, not failed
+    release.join()
+    holder.close()

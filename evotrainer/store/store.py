@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +45,36 @@ class StoredRollout:
     step: int | None = None
 
 
+# How long a new connection waits to switch a fresh database to WAL while another holds it.
+_WAL_WAIT_S = 30.0
+
+
+def _journal_wal(cur: Any) -> None:
+    """PRAGMA journal_mode=WAL, waiting while another process holds the database.
+
+    The switch needs the database to itself and SQLite does not apply the busy timeout to it: when
+    several processes open a new store at once (the ranks of a distributed run), the one whose
+    connect lands while another creates the schema fails at once with "database is locked"
+    (1 in 120 opens, 4 processes at a time). It is retried until _WAL_WAIT_S have passed."""
+    deadline = time.monotonic() + _WAL_WAIT_S
+    delay = 0.01
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 def _setup_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:
         cur = dbapi_conn.cursor()
         # WAL lets the CLI read while the trainer writes; a killed process loses no commit.
-        cur.execute("PRAGMA journal_mode=WAL")
+        _journal_wal(cur)
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
