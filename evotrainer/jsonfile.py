@@ -37,17 +37,15 @@ def write_json(path: Path | str, data: Any, **dumps: Any) -> None:
         raise
 
 
-def iter_jsonl(path: Path | str, what: str = "JSONL") -> Iterator[tuple[str, int, dict[str, Any]]]:
-    """(`file:line`, line number, object) for each non-blank line of a JSONL file.
-
-    The one JSONL reader: ValueError names the file and line of the first line that is not a
-    JSON object, and a file that cannot be read."""
-    path = Path(path)
+def _read(path: Path, what: str) -> str:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read {what}: {exc}") from None
-    for lineno, line in enumerate(lines, 1):
+
+
+def _lines(path: Path, text: str) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -62,17 +60,23 @@ def iter_jsonl(path: Path | str, what: str = "JSONL") -> Iterator[tuple[str, int
         yield where, lineno, row
 
 
+def iter_jsonl(path: Path | str, what: str = "JSONL") -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """(`file:line`, line number, object) for each non-blank line of a JSONL file.
+
+    The one JSONL reader: ValueError names the file and line of the first line that is not a
+    JSON object, and a file that cannot be read."""
+    path = Path(path)
+    yield from _lines(path, _read(path, what))
+
+
 def read_records(path: Path | str, what: str = "JSONL") -> list[tuple[str, dict[str, Any]]]:
     """The objects of a JSONL file, or of a file holding one JSON list, each with where it sits."""
     path = Path(path)
+    text = _read(path, what)  # read once, whichever form it has
+    if not text.lstrip().startswith("["):
+        return [(where, row) for where, _, row in _lines(path, text)]
     try:
-        head = path.read_text(encoding="utf-8").lstrip()[:1]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read {what}: {exc}") from None
-    if head != "[":
-        return [(where, row) for where, _, row in iter_jsonl(path, what)]
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg})") from None
     rows = [(f"{path}[{i}]", r) for i, r in enumerate(data)]
