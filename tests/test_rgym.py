@@ -261,3 +261,11 @@ def test_registry_and_seed_harness():
     prompt = harness.render_prompt(task.prompt)
     assert prompt.startswith(task.prompt) and '"Answer:"' in prompt
     assert d.check(task, f"Sure.\nAnswer: {task.answer}\n", False).success  # the asked-for format works
+
+
+def test_a_huge_last_line_without_a_marker_is_refused_not_parsed(domain, by_generator):
+    """An attack on the last-line rule: thousands of 'answer' words on one line. Over 4,000
+    characters the line is taken whole (no regex runs on it) and refused as too long."""
+    task = by_generator["chain_sum"][0]
+    outcome = domain.check(task, "answer is " * 600 + task.answer, False)
+    assert (outcome.success, outcome.kind, outcome.flags) == (False, "format_error", ("answer_too_long",))
