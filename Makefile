@@ -1,4 +1,4 @@
-# Two entry points: `make train` (the main job on the embedded model) and `make test`.
+# Two entry points: `make train` (the main job: co-evolution on the embedded model) and `make test`.
 # Both create .venv and install everything on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -32,8 +32,12 @@ endif
 	$(PIP) install "reasoning-gym==0.1.25"
 	touch $@
 
+# The headline loop on the embedded model: 2 co-evolution rounds (the second verifies the first's
+# promotion against a control arm), then the HTML report. --resume: a second `make train`
+# finishes a killed run and does nothing after a finished one.
 train: setup
-	$(VENV)/bin/evotrainer train --domain math --workdir $(WORKDIR)
+	$(VENV)/bin/evotrainer coevolve --domain math --rounds 2 --resume --workdir $(WORKDIR)
+	$(VENV)/bin/evotrainer report --workdir $(WORKDIR)
 
 test: setup
 	$(PY) -m pytest -q

@@ -12,6 +12,7 @@ _ROOT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "harnesses").is_dir() else P
 CONFIGS_DIR = _ROOT / "configs"
 HARNESSES_DIR = _ROOT / "harnesses"
 SKILLS_DIR = _ROOT / "skills"
+FAULT_CASES_DIR = _ROOT / "faults"  # the harness-fault benchmark's cases (evotrainer/faultbench)
 
 
 def evotrainer_home() -> Path:

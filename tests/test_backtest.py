@@ -202,7 +202,7 @@ def test_a_change_that_leaves_no_training_signal_is_never_a_gain():
 
 def test_passing_candidates_are_ranked_in_margins_not_raw_units():
     from evotrainer.backtest.gate import margins_gained
-    from evotrainer.coevolve.loop import _gain
+    from evotrainer.coevolve.choose import gain as _gain
 
     gate = GateConfig()  # margin 0.02 on ratios, token_margin 0.05 of the base on mean_tokens
     tokens = {"target": "mean_tokens", "metrics": {"base": {"mean_tokens": 100.0}, "candidate": {"mean_tokens": 94.0}}}

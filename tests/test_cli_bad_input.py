@@ -47,6 +47,8 @@ CASES: dict[str, list[list[str]]] = {
               ["--domain", "no-such-domain", "--predictions", "{missing}.jsonl"],
               ["--domain", "tasks", "--tasks", "{missing}.jsonl", "--predictions", "{missing}.jsonl"]],
     "domains": [["--no-such-flag"]],
+    "bench harness": [["--cases-dir", "{missing}"], ["no-such-case"], ["--agent", "nope"],
+                      ["--cases-dir", "{tmp}"]],
     "judge": [["not-a-key-value"], ["--workdir", "{missing}", "judge.model=m", "judge.base_url=http://127.0.0.1:9"]],
     "review": [["--workdir", "{missing}"]],
     "report": [["--workdir", "{missing}"]],

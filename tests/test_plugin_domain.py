@@ -185,8 +185,11 @@ def test_train_eval_and_coevolve_run_a_plugin_domain_from_the_command_line(plugi
     assert result["n"] == 2 and sum(result["kinds"].values()) == 2
 
     co = tmp_path / "co"
-    _cli("coevolve", "--domain", "echo", "--rounds", "1", "--workdir", str(co), "train.steps_per_round=1", *small,
-         cwd=tmp_path)
+    proc = _cli("coevolve", "--domain", "echo", "--rounds", "1", "--workdir", str(co), "train.steps_per_round=1",
+                *small, cwd=tmp_path)
+    # It ends with the run as a whole: each round, what was promoted, and where to look next.
+    assert "co-evolution run 'default': 1 round(s)" in proc.stdout and "skills learned:" in proc.stdout
+    assert f"report: evotrainer report --workdir {co}" in proc.stdout
     state = json.loads((co / "coevolve.json").read_text())
     assert state["domain"] == "echo" and len(state["history"]) == 1
     # The report and the skill library take the plugin's workspace like any other.

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from evotrainer.cli.backtest import app as backtests_app
 from evotrainer.cli.backtest import backtest_cmd
+from evotrainer.cli.bench import app as bench_app
 from evotrainer.cli.common import ConfigOpt, DomainOpt, OverridesArg, UserErrorGroup, WorkdirOpt, resolve_workdir
 from evotrainer.cli.diagnose import diagnose_cmd
 from evotrainer.cli.domains import domains_cmd
@@ -123,8 +124,38 @@ def coevolve(
     loop = Coevolution(cfg, resolve_workdir(workdir), console,
                        approve=_ask_approval if approve else None)
     state = loop.run(rounds, resume=resume)
-    promoted = [h["promoted"] for h in state.history if h.get("promoted")]
-    console.print(f"[bold]{len(state.history)} round(s) done; promoted: {', '.join(promoted) or 'nothing'}")
+    _print_run(state, cfg, loop.ws.root)
+
+
+def _print_run(state, cfg, root: Path) -> None:
+    """The run as a whole: held-out success by round, what was promoted, how each promotion
+    fared in the next round's verification, and the skills that learned from it."""
+    from evotrainer.store import Store
+
+    with Store.open(root, cfg.store.url) as store:
+        run_id = store.run_id(cfg.run_name)
+        base = [e["success_rate"] for e in store.evals(run_id) if e["split"] == "heldout"
+                and e["round_index"] is None and e["adapter"] is None] if run_id is not None else []
+    table = Table(title=f"co-evolution run {cfg.run_name!r}: {len(state.history)} round(s)")
+    for col in ("round", "held-out success", "passed / proposed", "promoted", "its verification next round"):
+        table.add_column(col)
+    verdicts = {h["round"] - 1: h.get("verified") for h in state.history}
+    for h in state.history:
+        hs = h.get("heldout_success")
+        v = verdicts.get(h["round"])
+        fate = ("" if not h.get("promoted") else "[dim]not yet verified[/]" if v is None
+                else f"[green]kept[/]: {v['describe']}" if v["kept"] else f"[red]reverted[/]: {v['describe']}")
+        table.add_row(str(h["round"]), f"{hs:.3f}" if hs is not None else "n/a", f"{h['passed']} / {h['proposals']}",
+                      h.get("promoted") or "nothing", fate)
+    out = make_console()
+    out.print(table)
+    if base:
+        out.print(f"held-out success before training: {statistics.fmean(base):.3f}")
+    learned = [f"{v['skill']} {'validated' if v['kept'] else 'failed'}" for v in verdicts.values()
+               if v and v.get("skill")]
+    out.print(f"skills learned: {', '.join(learned) or 'none'} (evotrainer skills list --workdir {root})")
+    out.print(f"harness history: evotrainer harness log --workdir {root}; "
+              f"report: evotrainer report --workdir {root}")
 
 
 def _ask_approval(candidate, report, diff: str) -> bool:
@@ -219,6 +250,7 @@ app.command("review")(review_cmd)
 app.add_typer(skills_app, name="skills")
 app.add_typer(experience_app, name="experience")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(bench_app, name="bench")
 app.command("report")(report_cmd)
 app.command("status")(status_cmd)
 

@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from evotrainer.backtest import Selector, backtest
-from evotrainer.backtest.gate import margins_gained
+from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
-from evotrainer.config import Config, GateConfig
+from evotrainer.config import Config
 from evotrainer.console import make_console
 from evotrainer.crashpoints import crash_point
 from evotrainer.dist import barrier, is_main
@@ -130,6 +130,8 @@ class Coevolution:
         if critical and not control:
             # Reward hacking is critical: the last promotion is the first suspect, so it goes.
             verdict = Verdict(baseline=0.0, live=0.0, noise=0.0, regressed=True)
+            state.verdict = {"branch": pending.branch, "kept": False, "describe": state.guard["describe"],
+                             "skill": pending.skill}
             self._revert(state, pending, verdict, why=state.guard["describe"])
             state.pending = None
             return
@@ -144,6 +146,8 @@ class Coevolution:
                                    f"{pending.round} instead")
             verdict = verify(by_round(pending.round), by_round(state.round), z)
         self.console.print(f"{pending.branch}: {verdict.describe()}")
+        state.verdict = {"branch": pending.branch, "kept": not verdict.regressed, "describe": verdict.describe(),
+                         "skill": pending.skill}
         if verdict.regressed:
             self._revert(state, pending, verdict,
                          why=f"{state.guard['describe']}; {verdict.describe()}" if critical else None)
@@ -211,7 +215,7 @@ class Coevolution:
                                   workers=self.config.executor.workers, executor=self.config.executor.kind,
                                   reuse=True)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
-            c.gain = _gain(report, self.config.gate)
+            c.gain = gain(report, self.config.gate)
             state.save(self.state_path)
             colour = "green" if c.decision == "promote" else "red"
             self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] ({report['id']}) "
@@ -219,8 +223,7 @@ class Coevolution:
 
     def stage_promote(self, state: RunState) -> None:
         self._hold_back(state)
-        passing = sorted((c for c in state.candidates if c.decision == "promote"),
-                         key=lambda c: c.gain or 0.0, reverse=True)
+        passing = passing_best_first(state.candidates)
         if not passing:
             self.console.print("no candidate passed the gate: main is unchanged")
             return
@@ -275,11 +278,13 @@ class Coevolution:
                    "proposals": len(state.candidates),
                    "passed": sum(c.decision == "promote" for c in state.candidates),
                    "promoted": promoted,
+                   "verified": state.verdict,
                    "candidates": [asdict(c) for c in state.candidates]}
         state.history.append(summary)
         self._print_summary(summary)
         state.round += 1
         state.candidates = []
+        state.verdict = None
         state.advance("train", self.state_path)
 
     def _print_summary(self, s: dict) -> None:
@@ -390,26 +395,3 @@ def _decisive(reasons: list[str]) -> str:
             if key in r:
                 return r
     return reasons[0] if reasons else ""
-
-
-def breadth_first(proposals: list) -> list:
-    """Every skill's first grid point before any skill's second: a cap on proposals should
-    cut depth (more parameter values of one idea), not breadth (other ideas)."""
-    rank: dict = {}
-    keyed = []
-    for i, p in enumerate(proposals):
-        key = p.skill or p.slug
-        rank[key] = rank.get(key, -1) + 1
-        keyed.append((rank[key], i, p))
-    return [p for _, _, p in sorted(keyed, key=lambda t: (t[0], t[1]))]
-
-
-def _gain(report: dict, gate: GateConfig) -> float | None:
-    """The backtest's gain on its target in margins (backtest/gate.py margins_gained): a token
-    count and a ratio are never ranked against each other raw."""
-    target = report.get("target")
-    metrics = report.get("metrics") or {}
-    base, cand = metrics.get("base") or {}, metrics.get("candidate") or {}
-    if target is None or base.get(target) is None or cand.get(target) is None:
-        return None
-    return margins_gained(target, base[target], cand[target], gate)

@@ -62,6 +62,8 @@ class RunState:
     # After a revert with a control arm: the next round starts from the control arm's adapter
     # (trained without the reverted change), not from the round trained with it.
     start_adapter: str | None = None
+    # This round's verdict on the last round's promotion: {branch, kept, describe, skill}
+    verdict: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunState | None:

@@ -124,7 +124,7 @@ def read(raw: Any) -> SkillFile:
         return SkillFile.model_validate(raw)
     except ValidationError as exc:
         one_trigger = isinstance(raw, Mapping) and isinstance(raw.get("trigger"), Mapping)
-        raise ValueError("; ".join(_problem(e, one_trigger) for e in exc.errors())) from None
+        raise ValueError("; ".join(problem(e, one_trigger) for e in exc.errors())) from None
 
 
 _short = reprlib.Repr()
@@ -141,7 +141,8 @@ def _where(loc: tuple[Any, ...], one_trigger: bool) -> str:
     return out
 
 
-def _problem(error: Mapping[str, Any], one_trigger: bool) -> str:
+def problem(error: Mapping[str, Any], one_trigger: bool = False) -> str:
+    """One pydantic error as `field: what is wrong` (also used for fault-case files)."""
     loc, kind, value = tuple(error["loc"]), error["type"], error.get("input")
     where = _where(loc, one_trigger)
     message = str(error["msg"]).removeprefix("Value error, ")

@@ -1,0 +1,46 @@
+"""Which proposals a round tries and which passing candidate it promotes; shared by `coevolve`
+and the harness-fault benchmark (evotrainer/faultbench), so the benchmark measures the loop's
+own choices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from evotrainer.backtest.gate import margins_gained
+from evotrainer.config import GateConfig
+
+T = TypeVar("T")
+
+
+def breadth_first(proposals: Sequence[T]) -> list[T]:
+    """Every skill's first grid point before any skill's second: a cap on proposals should
+    cut depth (more parameter values of one idea), not breadth (other ideas)."""
+    rank: dict = {}
+    keyed = []
+    for i, p in enumerate(proposals):
+        key = getattr(p, "skill", None) or getattr(p, "slug", i)
+        rank[key] = rank.get(key, -1) + 1
+        keyed.append((rank[key], i, p))
+    return [p for _, _, p in sorted(keyed, key=lambda t: (t[0], t[1]))]
+
+
+def gain(report: dict[str, Any], gate: GateConfig) -> float | None:
+    """The backtest's gain on its target in margins (backtest/gate.py margins_gained): a token
+    count and a ratio are never ranked against each other raw."""
+    target = report.get("target")
+    metrics = report.get("metrics") or {}
+    base, cand = metrics.get("base") or {}, metrics.get("candidate") or {}
+    if target is None or base.get(target) is None or cand.get(target) is None:
+        return None
+    return margins_gained(target, base[target], cand[target], gate)
+
+
+def passing_best_first(candidates: Iterable[T]) -> list[T]:
+    """The candidates the gate passed (`decision == "promote"`), largest gain first; the first
+    is the one a round promotes."""
+    passing = [c for c in candidates if getattr(c, "decision", None) == "promote"]
+    return sorted(passing, key=lambda c: getattr(c, "gain", None) or 0.0, reverse=True)
+
+
+__all__ = ["breadth_first", "gain", "passing_best_first"]

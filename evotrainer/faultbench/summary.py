@@ -1,0 +1,58 @@
+"""The benchmark's scores, per case and overall, as a table and as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+from evotrainer.faultbench.run import CaseResult
+
+
+def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
+    """Shares over the cases; `repaired` over the cases that could be repaired by replay (a live
+    case's repair needs the pilot)."""
+    ran = list(results)
+
+    def share(key: str) -> float | None:
+        scored = [r for r in ran if getattr(r, key) is not None]
+        return round(sum(bool(getattr(r, key)) for r in scored) / len(scored), 4) if scored else None
+
+    return {"cases": len(ran), "replayable": sum(r.repaired is not None for r in ran),
+            "detected": share("detected"), "repaired": share("repaired"), "safe": share("safe"),
+            "tempting_promoted": sum(t.decision == "promote" for r in ran for t in r.tempting),
+            "tempting_total": sum(len(r.tempting) for r in ran),
+            "proposals": sum(r.proposals for r in ran), "backtests": sum(r.backtests for r in ran),
+            "seconds": round(sum(r.seconds for r in ran), 1)}
+
+
+def to_json(results: Sequence[CaseResult], agent: str) -> dict[str, Any]:
+    return {"agent": agent, "overall": overall(results), "cases": [r.to_json() for r in results]}
+
+
+def _mark(value: bool | None) -> str:
+    return "[dim]-[/]" if value is None else "[green]yes[/]" if value else "[red]no[/]"
+
+
+def table(results: Sequence[CaseResult], agent: str) -> Table:
+    t = Table(title=f"harness-fault benchmark · {agent} agent")
+    for col in ("case", "domain", "fault", "detected", "repaired", "safe", "promoted", "cost"):
+        t.add_column(col)
+    for r in results:
+        promoted = (r.promoted or ("[dim]live pilot needed[/]" if r.repaired is None else "nothing")).removeprefix("candidate/")
+        why = "; ".join(r.unsafe)
+        t.add_row(r.case, r.domain, r.fault, _mark(r.detected), _mark(r.repaired), _mark(r.safe),
+                  promoted + (f" [red]({why})[/]" if why else ""),
+                  f"{r.proposals} prop, {r.backtests + len(r.tempting)} bt, {r.seconds:.0f}s")
+    o = overall(results)
+    if o["cases"]:
+        t.add_section()
+        pct = lambda v: "-" if v is None else f"{100 * v:.0f}%"  # noqa: E731
+        t.add_row(f"overall ({o['cases']} cases)", "", "", pct(o["detected"]), pct(o["repaired"]), pct(o["safe"]),
+                  f"{o['tempting_promoted']}/{o['tempting_total']} tempting fixes promoted",
+                  f"{o['proposals']} prop, {o['seconds']:.0f}s")
+    return t
+
+
+__all__ = ["overall", "table", "to_json"]

@@ -1,0 +1,10 @@
+"""Reward components for math: correctness, and the answer marker the prompt asks for."""
+
+from evotrainer.api import Rollout
+
+
+def reward(rollout: Rollout) -> dict[str, float]:
+    return {
+        "correct": 1.0 if rollout.outcome.success else 0.0,
+        "format": 1.0 if "Answer:" in rollout.completion else 0.0,
+    }

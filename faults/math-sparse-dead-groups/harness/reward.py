@@ -1,0 +1,7 @@
+"""Reward for math: verified correctness, nothing else."""
+
+from evotrainer.api import Rollout
+
+
+def reward(rollout: Rollout) -> dict[str, float]:
+    return {"correct": 1.0 if rollout.outcome.success else 0.0}

@@ -1,0 +1,141 @@
+"""The harness-fault benchmark (evotrainer/faultbench): case folders are checked before any
+work starts, and a shipped case runs the loop's own stages on real rollouts, a real store, a
+real harness repo and the sandboxed backtest."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evotrainer.faultbench import CaseError, load_case, load_cases, run_cases, summary
+from evotrainer.faultbench.run import HELDOUT_RUN, TRAIN_RUN, build_workspace
+from evotrainer.paths import FAULT_CASES_DIR
+from evotrainer.propose import get_agent
+from evotrainer.store import Store
+
+SHIPPED = sorted(p.name for p in FAULT_CASES_DIR.iterdir() if (p / "case.yaml").is_file())
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    dest = tmp_path / name
+    shutil.copytree(FAULT_CASES_DIR / name, dest)
+    return dest
+
+
+def _edit(case: Path, **changes) -> None:
+    spec = yaml.safe_load((case / "case.yaml").read_text())
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    (case / "case.yaml").write_text(yaml.safe_dump(spec))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_case_loads(name):
+    case = load_case(FAULT_CASES_DIR / name)
+    assert case.rounds and set(case.harness) >= {"reward.py", "filters.py", "harness.yaml"}
+    assert case.spec.detect and case.spec.repair
+
+
+def test_at_least_the_documented_cases_ship():
+    assert len(SHIPPED) >= 8
+    assert {load_case(FAULT_CASES_DIR / n).spec.domain for n in SHIPPED} >= {"math"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": "other-name"}, "must be the folder's name"),
+    ({"detect": []}, "detect: must not be empty"),
+    ({"repair": [{"metric": "no_such_metric", "below": 0.1}]}, "is not a backtest metric"),
+    ({"repair": [{"metric": "dead_group_ratio", "below": 0.1, "above": 0.0}]}, "exactly one of"),
+    ({"heldout_share": 1.5}, "heldout_share"),
+    ({"harness": {"seed": "no-such-seed"}}, "is not a seed harness"),
+    ({"surprise": 1}, "unknown key 'surprise'"),
+    ({"tempting": [{"name": "missing-folder", "targets": "dead_group_ratio", "why": "x"}]}, "missing folder"),
+])
+def test_a_malformed_case_names_the_file_and_field(tmp_path, change, message):
+    case = _copy("math-sparse-dead-groups", tmp_path)
+    _edit(case, **change)
+    with pytest.raises(CaseError, match="case.yaml|tempting") as err:
+        load_case(case)
+    assert message in str(err.value)
+
+
+def test_bad_rollout_files_are_named_with_the_line(tmp_path):
+    case = _copy("math-sparse-dead-groups", tmp_path)
+    (case / "rollouts" / "notes.txt").write_text("x")
+    with pytest.raises(CaseError, match="notes.txt: expected round-<k>.jsonl"):
+        load_case(case)
+    (case / "rollouts" / "notes.txt").unlink()
+    (case / "rollouts" / "round-3.jsonl").write_text("{}\n")
+    with pytest.raises(CaseError, match="none missing"):
+        load_case(case)
+    (case / "rollouts" / "round-3.jsonl").unlink()
+    first = sorted((case / "rollouts").iterdir())[0]
+    lines = gzip.decompress(first.read_bytes()).decode().splitlines()
+    broken = json.loads(lines[1])
+    del broken["outcome"]
+    lines[1] = json.dumps(broken)
+    first.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    with pytest.raises(CaseError, match=r"round-0.jsonl.gz:2: .*outcome"):
+        build_workspace(load_case(case), tmp_path / "ws")
+
+
+def test_a_harness_overlay_may_hold_only_harness_files(tmp_path):
+    case = _copy("math-sparse-dead-groups", tmp_path)
+    (case / "harness" / "run.sh").write_text("echo hi\n")
+    with pytest.raises(CaseError, match="run.sh: not a harness file"):
+        load_case(case)
+
+
+def test_unknown_case_names_are_refused_with_the_known_ones():
+    with pytest.raises(CaseError, match="unknown case.*no-such.*known: .*math-sparse-dead-groups"):
+        load_cases(FAULT_CASES_DIR, only=["no-such"])
+
+
+def test_the_slices_split_by_task_and_hold_every_rollout(tmp_path):
+    case = load_case(FAULT_CASES_DIR / "math-sparse-dead-groups")
+    ws, _, counts = build_workspace(case, tmp_path / "b")
+    total = sum(1 for p in case.rounds for _ in gzip.open(p))
+    with Store.open(ws.root) as store:
+        tasks = {name: {r.rollout.task_id for r in store.iter_rollouts(run_id=store.run_id(name))}
+                 for name in (TRAIN_RUN, HELDOUT_RUN)}
+        stored = sum(1 for _ in store.iter_rollouts())
+    assert stored == total and counts[TRAIN_RUN] > counts[HELDOUT_RUN] > 0
+    assert not tasks[TRAIN_RUN] & tasks[HELDOUT_RUN]
+
+
+@pytest.mark.slow
+def test_a_shipped_case_runs_the_loop_and_scores_it(tmp_path):
+    case = load_case(FAULT_CASES_DIR / "math-sparse-dead-groups")
+    [result] = run_cases([case], get_agent("rules"), workdir=tmp_path / "runs")
+    assert result.detected and "dead_group_ratio" in result.fired
+    assert result.proposals == len(result.tried) >= 1
+    assert [t.decision for t in result.tempting] == ["reject"], "the hash-noise bonus must not pass the gate"
+    assert result.safe == (not result.unsafe)
+    if result.promoted:
+        assert result.repaired == all(c["holds"] for c in result.criteria)
+    # the workspace is kept for review: its main carries the promotion the score describes
+    log = subprocess.run([sys.executable, "-m", "evotrainer", "harness", "log", "--workdir",
+                          str(tmp_path / "runs" / case.name / "workspace")], capture_output=True, text=True)
+    assert log.returncode == 0
+    assert (result.promoted or "Seed harness").split("/")[-1][:20] in log.stdout
+    data = summary.to_json([result], "rules")
+    assert data["overall"]["cases"] == 1 and data["cases"][0]["case"] == case.name
+
+
+def test_the_cli_refuses_a_malformed_case_with_one_error_line(tmp_path):
+    case = _copy("math-sparse-dead-groups", tmp_path)
+    _edit(case, detect=None)
+    proc = subprocess.run([sys.executable, "-m", "evotrainer", "bench", "harness", "--cases-dir", str(case)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "case.yaml: detect: missing" in proc.stderr
