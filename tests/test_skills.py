@@ -92,7 +92,8 @@ def test_every_grid_point_renders_and_loads_on_the_math_harness(name: str, param
 def test_all_skills_stack_on_one_harness() -> None:
     sources = dict(MATH)
     for skill in LIB:
-        sources.update(skill.render(sources, skill.grid_points()[0]))
+        if skill.name != "verified-tier-reward":  # rescales every component; checked on the stack below
+            sources.update(skill.render(sources, skill.grid_points()[0]))
     h = Harness(sources, Path("x"))
     comps = h.reward(roll("ok", meta={"step_labels": ["GOOD", "BAD", "GOOD"]}))
     assert {"correct", "format", "partial_format", "overlong", "tampering", "search_before_edit",
@@ -104,6 +105,12 @@ def test_all_skills_stack_on_one_harness() -> None:
     assert "# >>> skill: tampering-penalty" in retuned["reward.py"]
     assert yaml.safe_load(retuned["harness.yaml"])["reward_weights"]["partial_format"] == 0.05
     Harness({**sources, **retuned}, Path("x"))
+    # On top of the whole stack the tiers hold: every success above every failure.
+    tiered = Harness({**sources, **LIB.get("verified-tier-reward").render(sources, {"scale": 0.45})}, Path("x"))
+    assert {"verified", "correct", "tampering"} <= set(tiered.reward(roll("ok")))
+    assert score(tiered, roll("ok", tokens=32, truncated=True)) > max(
+        score(tiered, roll(k, text=t, tokens=n)) for k in ("wrong", "format_error") for t in ("Answer: 4", "x")
+        for n in (1, 31))
 
 
 def test_render_errors_name_the_skill() -> None:
@@ -147,6 +154,22 @@ def test_overlong_penalty_keeps_successes_above_failures() -> None:
         assert score(h, roll(tokens=8)) == pytest.approx(0.1)
         assert score(h, roll(tokens=31)) < score(h, roll(tokens=20)) <= 0.1
         assert score(h, roll(tokens=32, truncated=True)) == pytest.approx(0.1 - weight)
+
+
+def test_verified_tier_reward_puts_every_success_above_every_failure() -> None:
+    # A shaping term that outweighs correctness: 2.0 per full-length completion.
+    paid = {**MATH, "harness.yaml": MATH["harness.yaml"].replace("format: 0.1", "format: 0.1\n  thorough: 2.0"),
+            "reward.py": MATH["reward.py"].replace('"format":', '"thorough": rollout.num_tokens / 32.0,\n        "format":')}
+    faulty = Harness(paid, Path("faulty"))
+    assert score(faulty, roll(tokens=32, truncated=True, kind="truncated")) > score(faulty, roll("ok", tokens=4))
+    for scale in LIB.get("verified-tier-reward").grid["scale"]:
+        h = harness_with("verified-tier-reward", base=paid, scale=scale)
+        successes = [roll("ok", tokens=n) for n in (1, 4, 31)]
+        failures = [roll(k, tokens=n, truncated=k == "truncated") for k in ("wrong", "truncated", "format_error")
+                    for n in (1, 16, 32)]
+        assert min(score(h, r) for r in successes) >= 1 - scale > scale >= max(score(h, r) for r in failures)
+        # Within a tier the old shaping still orders: the longer failure still earns more.
+        assert score(h, roll(tokens=30)) > score(h, roll(tokens=3))
 
 
 def test_filters_and_curriculum() -> None:
