@@ -80,6 +80,29 @@ def test_report_levels_examples_and_json(tmp_path: Path) -> None:
     assert "## result" in md and "| dead_group_ratio | 0.6 | critical |" in md and "## Examples" in md
 
 
+def test_false_drop_rate_is_measured_from_the_harness_filters() -> None:
+    from evotrainer.harness.loader import Harness, read_sources
+
+    sources = read_sources(SEED)
+    seed = health_report(load_harness(SEED), batch()).get("false_drop_rate")
+    assert seed.value == 0.0 and seed.level == "ok"  # the seed keeps everything
+    # A filter that drops short completions drops the 4 successes (8 tokens each).
+    short = sources["filters.py"].replace("def keep_rollout(rollout: Rollout) -> bool:\n    return True",
+                                          "def keep_rollout(rollout: Rollout) -> bool:\n    return rollout.num_tokens > 9")
+    assert short != sources["filters.py"]
+    probe_named_so = sources["diagnostics.py"] + (
+        "\nPROBES.append(probe('false_drop_rate', 'result', lambda rs, ws: 0.0, 0.05, 0.2, 'above'))\n")
+    report = health_report(Harness({**sources, "filters.py": short, "diagnostics.py": probe_named_so}, Path("x")),
+                           batch())
+    drops = [p for p in report.probes if p.name == "false_drop_rate"]
+    assert len(drops) == 1, "the trusted value replaces a harness probe of the same name"
+    assert drops[0].value == 1.0 and drops[0].level == "critical"
+    assert drops[0].examples and all(e.startswith("l") and e.endswith("-0") for e in drops[0].examples)
+    # No verified success: nothing to drop, not measurable.
+    failures = [r for r in batch() if not r.outcome.success]
+    assert health_report(load_harness(SEED), failures).get("false_drop_rate").level == "n/a"
+
+
 def test_model_state_and_multi_turn_probes() -> None:
     harness = load_harness(SEED)
     edit = Turn("assistant", "sed -i 's/a/b/' x.py")

@@ -26,6 +26,8 @@ from evotrainer.store import StoredRollout
 LEVELS = ("ok", "warn", "critical", "n/a")
 SEVERITY = {"critical": 2, "warn": 1, "ok": 0, "n/a": -1}
 MAX_EXAMPLES = 3
+FALSE_DROP = "false_drop_rate"  # trusted: computed here from the harness's filter decisions
+FALSE_DROP_THRESHOLDS = (0.05, 0.2)  # warn, critical
 PREVIEW_CHARS = 240
 
 
@@ -199,6 +201,7 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
         ids = _examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
         results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,
                                    probe.direction, ids, error))
+    results = [r for r in results if r.name != FALSE_DROP] + [_false_drops(harness, rollouts, rewards, examples)]
     index = {r.id: (r, w) for r, w in zip(rollouts, rewards)}
     shown = {}
     for result in results:
@@ -209,6 +212,31 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
                                  _preview(r))
     n_groups = len({r.group_id for r in rollouts})
     return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown)
+
+
+def _false_drops(harness: IsolatedHarness | Harness, rollouts: Sequence[Rollout], rewards: Sequence[float],
+                 examples: bool) -> ProbeResult:
+    """The trusted `false_drop_rate`: the share of verified successes the harness's own filters
+    (keep_group and keep_rollout, as training calls them) would drop. No probe a harness writes
+    can see this, since probes get the rollouts and rewards, not the filter decisions; a harness
+    probe of the same name is replaced. None when there is no verified success."""
+    spans: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        spans.setdefault(r.group_id, []).append(i)
+    warn, critical = FALSE_DROP_THRESHOLDS
+    try:
+        kept = harness.filters([([rollouts[i] for i in idx], [rewards[i] for i in idx]) for idx in spans.values()])
+    except HarnessError as exc:
+        return ProbeResult(FALSE_DROP, "result", None, "n/a", warn, critical, "above", (), redact(exc))
+    flags = {rollouts[i].id: k for idx, ks in zip(spans.values(), kept) for i, k in zip(idx, ks)}
+    successes = [r for r in rollouts if r.outcome.success]
+    if not successes:
+        return ProbeResult(FALSE_DROP, "result", None, "n/a", warn, critical, "above")
+    dropped = [r.id for r in successes if not flags[r.id]]
+    value = len(dropped) / len(successes)
+    level = "critical" if value > critical else "warn" if value > warn else "ok"
+    shown = tuple(dropped[:MAX_EXAMPLES]) if examples and level != "ok" else ()
+    return ProbeResult(FALSE_DROP, "result", value, level, warn, critical, "above", shown)
 
 
 def write_report(report: HealthReport, folder: Path | str, name: str) -> tuple[Path, Path]:
