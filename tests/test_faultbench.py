@@ -139,3 +139,26 @@ def test_the_cli_refuses_a_malformed_case_with_one_error_line(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "case.yaml: detect: missing" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_llm_agent_runs_a_case_through_a_real_endpoint(tmp_path, monkeypatch):
+    """The llm agent against a real chat-completions server on loopback: a reply that takes the
+    length pay out of the reward is backtested, gated, promoted and judged on the held-out slice."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llm_server import ChatServer
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    case = load_case(FAULT_CASES_DIR / "math-length-pays")
+    fix = {"slug": "drop-length-pay", "diagnosis": "thorough pays 2.0 per full-length completion",
+           "targets": "ordering_violations", "expected": "ordering_violations falls to about 0",
+           "edits": [{"file": "harness.yaml", "search": "  thorough: 2.0\n", "replace": "  thorough: 0.0\n"}]}
+    with ChatServer([json.dumps({"proposals": [fix]})]) as server:
+        agent = get_agent("llm", base_url=server.url, model="test-model", api_key="sk-test", max_retries=0)
+        [result] = run_cases([case], agent, workdir=tmp_path / "runs")
+        prompt = server.completions()[0]["messages"][0]["content"]
+    assert "thorough" in prompt and "proxy_auc_gap" in prompt  # it saw the faulty harness and the report
+    assert result.agent == "llm" and result.proposals == 1
+    assert result.promoted == "candidate/0-drop-length-pay", result.tried
+    assert result.repaired and result.safe, (result.criteria, result.unsafe)
