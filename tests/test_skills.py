@@ -172,6 +172,17 @@ def test_verified_tier_reward_puts_every_success_above_every_failure() -> None:
         assert score(h, roll(tokens=30)) > score(h, roll(tokens=3))
 
 
+def test_keep_verified_successes_undoes_only_the_false_drops() -> None:
+    short = {**MATH, "filters.py": MATH["filters.py"].replace(
+        "def keep_rollout(rollout: Rollout) -> bool:\n    return True",
+        "def keep_rollout(rollout: Rollout) -> bool:\n    return rollout.num_tokens >= 12")}
+    assert short["filters.py"] != MATH["filters.py"]
+    h = harness_with("keep-verified-successes", base=short)
+    assert h.keep_rollout(roll("ok", tokens=4)) and not Harness(short, Path("x")).keep_rollout(roll("ok", tokens=4))
+    assert not h.keep_rollout(roll("wrong", tokens=4)), "a short failure is still dropped"
+    assert h.keep_rollout(roll("wrong", tokens=20))
+
+
 def test_filters_and_curriculum() -> None:
     zv = harness_with("zero-variance-group-filter", min_std=0.0)
     assert zv.keep_group([roll(), roll()], [0.0, 0.0]) is False

@@ -30,6 +30,7 @@ def harness_cmd(
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", help="Keep each case's workspace under this folder (harness log, backtests replay).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the scores as JSON on stdout.")] = False,
+    as_markdown: Annotated[bool, typer.Option("--markdown", help="Print the scores as a Markdown table.")] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the JSON scores to this file.")] = None,
 ):
     """Run the outer loop on harnesses with a known fault and score it.
@@ -64,5 +65,7 @@ def harness_cmd(
         out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     if as_json:
         print(json.dumps(data, indent=2))
+    elif as_markdown:
+        print(summary.markdown(results, agent), end="")
     else:
         make_console().print(summary.table(results, agent))

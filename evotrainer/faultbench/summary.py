@@ -55,4 +55,21 @@ def table(results: Sequence[CaseResult], agent: str) -> Table:
     return t
 
 
-__all__ = ["overall", "table", "to_json"]
+def markdown(results: Sequence[CaseResult], agent: str) -> str:
+    """The scores as a Markdown table (what the README shows), one row per case plus overall."""
+    def mark(value: bool | None) -> str:
+        return "-" if value is None else "yes" if value else "**no**"
+
+    lines = [f"| case ({agent} agent) | fault | detected | repaired | safe | promoted |", "|---|---|---|---|---|---|"]
+    for r in results:
+        promoted = (r.promoted or ("live pilot needed" if r.repaired is None else "nothing")).removeprefix("candidate/")
+        lines.append(f"| {r.case} | {r.fault} | {mark(r.detected)} | {mark(r.repaired)} | {mark(r.safe)} | {promoted} |")
+    o = overall(results)
+    pct = lambda v: "-" if v is None else f"{100 * v:.0f}%"  # noqa: E731
+    lines.append(f"| **overall**, {o['cases']} cases | {o['tempting_promoted']}/{o['tempting_total']} tempting "
+                 f"fixes promoted | {pct(o['detected'])} | {pct(o['repaired'])} of {o['replayable']} | "
+                 f"{pct(o['safe'])} | {o['proposals']} proposals |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["markdown", "overall", "table", "to_json"]
