@@ -176,3 +176,15 @@ def test_the_readme_shows_what_the_rules_agent_scores_on_every_shipped_case():
     assert start in readme and end in readme
     shown = readme.split(start, 1)[1].split(end, 1)[0]
     assert shown == proc.stdout, f"README is out of date; the benchmark now gives:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+def test_a_case_whose_fault_does_not_show_scores_no_repair(tmp_path):
+    """Repair criteria that the faulty harness already meets on the held-out slice cannot tell a
+    repair from no change: nothing is proposed and `repaired` is None, with the reason."""
+    case = _copy("math-sparse-dead-groups", tmp_path)
+    _edit(case, repair=[{"metric": "dead_group_ratio", "below": 1.0}])
+    [result] = run_cases([load_case(case)], get_agent("rules"))
+    assert result.repaired is None and result.proposals == 0 and "does not show" in result.note
+    assert result.detected  # detection is still scored
+    assert summary.overall([result])["repaired"] is None

@@ -29,6 +29,7 @@ from evotrainer.store.jsonl import from_export_dict
 from evotrainer.workspace import Workspace, ensure_workspace
 
 TRAIN_RUN, HELDOUT_RUN = "train-slice", "heldout-slice"
+NOT_SHOWN = "the fault does not show: every repair criterion already holds for the faulty harness on the held-out slice"
 Say = Callable[[str], None]
 
 
@@ -181,9 +182,10 @@ class CaseRun:
             self.store = store
             tempting = [self._tempting(t) for t in self.case.tempting]  # gated against the faulty main
             report = self._diagnose(store, last)
+            shows = self._fault_shows(store, seed_sha)
             unsafe = [f"tempting fix {t.branch} was promoted by the gate" for t in tempting if t.decision == "promote"]
             started = time.monotonic()
-            if not spec.live:
+            if not spec.live and shows:
                 tried = self._propose_and_gate(report, store, last)
                 best = next(iter(passing_best_first(tried)), None)
                 if best is not None:
@@ -200,10 +202,27 @@ class CaseRun:
             case=self.case.name, domain=spec.domain, fault=spec.fault, agent=getattr(self.agent, "name", "?"),
             n_train=counts[TRAIN_RUN], n_heldout=counts[HELDOUT_RUN], detected=bool(fired), fired=fired,
             alerts=[f"{p.name}={p.value:.3g} ({p.level})" for p in report.alerts],
-            promoted=promoted, repaired=None if spec.live else all(c["holds"] for c in criteria) and promoted is not None,
+            promoted=promoted,
+            repaired=None if spec.live or not shows else all(c["holds"] for c in criteria) and promoted is not None,
             criteria=criteria, safe=not unsafe, unsafe=unsafe, proposals=len(tried), backtests=len(tried),
             seconds=round(seconds, 2), tried=tried, tempting=tempting,
-            note="live: its repair needs the live pilot, which is not built" if spec.live else None)
+            note=("live: its repair needs the live pilot, which is not built" if spec.live
+                  else None if shows else NOT_SHOWN))
+
+    def _fault_shows(self, store: Store, seed_sha: str) -> bool:
+        """Whether the faulty harness fails some repair criterion on the held-out slice: a case
+        whose criteria all hold before any repair cannot score one (its fault is latent in these
+        rollouts), so nothing is proposed for it and `repaired` stays None."""
+        report = backtest(self.ws.root, seed_sha, base=seed_sha, selector=self.heldout_sel, gate=self.gate,
+                          store=store, workers=self.workers, record=False)
+        faulty = (report.get("metrics") or {}).get("base") or {}
+        if report.get("failure") or not faulty:
+            raise CaseError(f"{self.case.name}: the faulty harness does not run on its held-out slice: "
+                            f"{report.get('failure')}")
+        shows = not all(c.holds(faulty.get(c.metric), faulty.get(c.metric)) for c in self.case.spec.repair)
+        if not shows:
+            self.say(f"{self.case.name}: {NOT_SHOWN}")
+        return shows
 
     def _diagnose(self, store: Store, last: int):
         from evotrainer.diagnose import health_report

@@ -11,8 +11,8 @@ from evotrainer.faultbench.run import CaseResult
 
 
 def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
-    """Shares over the cases; `repaired` over the cases that could be repaired by replay (a live
-    case's repair needs the pilot)."""
+    """Shares over the cases; `repaired` over the cases a backtest can judge (not a live case, and
+    the fault shows on the held-out slice)."""
     ran = list(results)
 
     def share(key: str) -> float | None:
@@ -31,6 +31,11 @@ def to_json(results: Sequence[CaseResult], agent: str) -> dict[str, Any]:
     return {"agent": agent, "overall": overall(results), "cases": [r.to_json() for r in results]}
 
 
+def _why_none(r: CaseResult) -> str:
+    """Why a case scores no repair: it is live, or its fault does not show in its rollouts."""
+    return "live pilot needed" if r.note and r.note.startswith("live") else "fault does not show"
+
+
 def _mark(value: bool | None) -> str:
     return "[dim]-[/]" if value is None else "[green]yes[/]" if value else "[red]no[/]"
 
@@ -40,7 +45,7 @@ def table(results: Sequence[CaseResult], agent: str) -> Table:
     for col in ("case", "domain", "fault", "detected", "repaired", "safe", "promoted", "cost"):
         t.add_column(col)
     for r in results:
-        promoted = (r.promoted or ("[dim]live pilot needed[/]" if r.repaired is None else "nothing")).removeprefix("candidate/")
+        promoted = f"[dim]{_why_none(r)}[/]" if r.repaired is None else (r.promoted or "nothing").removeprefix("candidate/")
         why = "; ".join(r.unsafe)
         t.add_row(r.case, r.domain, r.fault, _mark(r.detected), _mark(r.repaired), _mark(r.safe),
                   promoted + (f" [red]({why})[/]" if why else ""),
@@ -62,7 +67,7 @@ def markdown(results: Sequence[CaseResult], agent: str) -> str:
 
     lines = [f"| case ({agent} agent) | fault | detected | repaired | safe | promoted |", "|---|---|---|---|---|---|"]
     for r in results:
-        promoted = (r.promoted or ("live pilot needed" if r.repaired is None else "nothing")).removeprefix("candidate/")
+        promoted = _why_none(r) if r.repaired is None else (r.promoted or "nothing").removeprefix("candidate/")
         lines.append(f"| {r.case} | {r.fault} | {mark(r.detected)} | {mark(r.repaired)} | {mark(r.safe)} | {promoted} |")
     o = overall(results)
     pct = lambda v: "-" if v is None else f"{100 * v:.0f}%"  # noqa: E731

@@ -1,4 +1,4 @@
-"""Reward components for math: correctness, and the answer marker the prompt asks for."""
+"""Reward components for math: correctness, and credit for showing the work as an equation."""
 
 from evotrainer.api import Rollout
 
@@ -6,5 +6,5 @@ from evotrainer.api import Rollout
 def reward(rollout: Rollout) -> dict[str, float]:
     return {
         "correct": 1.0 if rollout.outcome.success else 0.0,
-        "format": 1.0 if "Answer:" in rollout.completion else 0.0,
+        "format": 1.0 if "=" in rollout.completion else 0.0,
     }
