@@ -188,3 +188,18 @@ def test_a_case_whose_fault_does_not_show_scores_no_repair(tmp_path):
     assert result.repaired is None and result.proposals == 0 and "does not show" in result.note
     assert result.detected  # detection is still scored
     assert summary.overall([result])["repaired"] is None
+
+
+def test_a_criterion_says_whether_the_faulty_value_leaves_it_anything_to_tell():
+    from evotrainer.faultbench.case import Criterion
+
+    below = Criterion(metric="ordering_violations", below=0.05)
+    assert below.shows_fault(0.2) and not below.shows_fault(0.0) and not below.shows_fault(None)
+    assert below.holds(0.0, 0.2) and not below.holds(0.05, 0.2) and not below.holds(None, 0.2)
+    auc = Criterion(metric="proxy_auc", improves_by=0.1)
+    assert auc.shows_fault(0.85) and not auc.shows_fault(0.95), "no room left from 0.95 to 1"
+    assert auc.holds(0.97, 0.85) and not auc.holds(0.9, 0.85)
+    dead = Criterion(metric="dead_group_ratio", improves_by=0.1)
+    assert dead.shows_fault(0.5) and not dead.shows_fault(0.05)
+    assert dead.holds(0.3, 0.5) and not dead.holds(0.45, 0.5) and not dead.holds(0.3, None)
+    assert below.describe() == "ordering_violations < 0.05" and dead.describe() == "dead_group_ratio falls by >= 0.1"

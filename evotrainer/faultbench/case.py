@@ -72,6 +72,17 @@ class Criterion(_Strict):
             return f"{self.metric} {way} by >= {self.improves_by:g}"
         return f"{self.metric} {'<' if self.below is not None else '>'} {self.below if self.below is not None else self.above:g}"
 
+    def shows_fault(self, faulty: float | None) -> bool:
+        """Whether the faulty harness's value leaves this criterion something to tell: a `below` /
+        `above` it fails, or an `improves_by` with that much room to the metric's best value
+        (0 for a lower-is-better metric, 1 for the higher-is-better ratios)."""
+        if faulty is None:
+            return False
+        if self.improves_by is None:
+            return not self.holds(faulty, faulty)
+        room = faulty if LOWER_IS_BETTER[self.metric] else 1.0 - faulty
+        return room >= self.improves_by - 1e-12
+
     def holds(self, fixed: float | None, faulty: float | None) -> bool:
         """`fixed`: the promoted harness's value; `faulty`: the case harness's. Undefined fails."""
         if fixed is None:

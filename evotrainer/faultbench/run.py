@@ -29,7 +29,8 @@ from evotrainer.store.jsonl import from_export_dict
 from evotrainer.workspace import Workspace, ensure_workspace
 
 TRAIN_RUN, HELDOUT_RUN = "train-slice", "heldout-slice"
-NOT_SHOWN = "the fault does not show: every repair criterion already holds for the faulty harness on the held-out slice"
+NOT_SHOWN = ("the fault does not show on the held-out slice: the faulty harness already meets the repair "
+             "criteria, or leaves them no room")
 Say = Callable[[str], None]
 
 
@@ -210,16 +211,17 @@ class CaseRun:
                   else None if shows else NOT_SHOWN))
 
     def _fault_shows(self, store: Store, seed_sha: str) -> bool:
-        """Whether the faulty harness fails some repair criterion on the held-out slice: a case
-        whose criteria all hold before any repair cannot score one (its fault is latent in these
-        rollouts), so nothing is proposed for it and `repaired` stays None."""
+        """Whether the fault shows on the held-out slice: some repair criterion fails for the faulty
+        harness there, or has room to improve by its `improves_by`. A case whose criteria cannot
+        tell a repair from no change (its fault is latent in these rollouts) scores no repair:
+        nothing is proposed for it and `repaired` stays None."""
         report = backtest(self.ws.root, seed_sha, base=seed_sha, selector=self.heldout_sel, gate=self.gate,
                           store=store, workers=self.workers, record=False)
         faulty = (report.get("metrics") or {}).get("base") or {}
         if report.get("failure") or not faulty:
             raise CaseError(f"{self.case.name}: the faulty harness does not run on its held-out slice: "
                             f"{report.get('failure')}")
-        shows = not all(c.holds(faulty.get(c.metric), faulty.get(c.metric)) for c in self.case.spec.repair)
+        shows = any(c.shows_fault(faulty.get(c.metric)) for c in self.case.spec.repair)
         if not shows:
             self.say(f"{self.case.name}: {NOT_SHOWN}")
         return shows
