@@ -214,6 +214,18 @@ def test_passing_candidates_are_ranked_in_margins_not_raw_units():
     assert _gain({"target": None, "metrics": {}}, gate) is None
 
 
+def test_a_passing_safety_repair_is_promoted_before_a_bigger_efficiency_gain():
+    from types import SimpleNamespace
+
+    from evotrainer.coevolve.choose import passing_best_first
+
+    tokens = SimpleNamespace(decision="promote", targets="mean_tokens", gain=6.7)
+    tiers = SimpleNamespace(decision="promote", targets="ordering_violations", gain=3.5)
+    dead = SimpleNamespace(decision="promote", targets="dead_group_ratio", gain=9.0)
+    failed = SimpleNamespace(decision="reject", targets="false_drop_rate", gain=50.0)
+    assert passing_best_first([tokens, dead, tiers, failed]) == [tiers, dead, tokens]
+
+
 def test_replay_reproduces_every_metric_and_the_decision(ws):
     from evotrainer.cli.main import app
 

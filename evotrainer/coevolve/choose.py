@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from evotrainer.backtest.gate import margins_gained
+from evotrainer.backtest.gate import margins_gained, target_from_trailer
+from evotrainer.backtest.metrics import SAFETY_METRICS
 from evotrainer.config import GateConfig
 
 T = TypeVar("T")
@@ -36,11 +37,21 @@ def gain(report: dict[str, Any], gate: GateConfig) -> float | None:
     return margins_gained(target, base[target], cand[target], gate)
 
 
+def repairs_safety(candidate: Any) -> bool:
+    """Whether the candidate targets a safety metric: where the training reward or the filters
+    disagree with verified outcomes (ordering violations, false drops, proxy AUC, reward on
+    flagged rollouts)."""
+    return target_from_trailer(getattr(candidate, "targets", None)) in SAFETY_METRICS
+
+
 def passing_best_first(candidates: Iterable[T]) -> list[T]:
-    """The candidates the gate passed (`decision == "promote"`), largest gain first; the first
-    is the one a round promotes."""
+    """The candidates the gate passed (`decision == "promote"`), best first; the first is the one
+    a round promotes. A change that makes the reward agree with verified outcomes comes before
+    any that only saves tokens or revives groups, then the largest gain in margins. Seen in the
+    harness-fault benchmark: on math-format-outweighs a token saving (6.7 margins) outranked
+    the fix of the inverted tiers (3.5 margins), and the inversion stayed."""
     passing = [c for c in candidates if getattr(c, "decision", None) == "promote"]
-    return sorted(passing, key=lambda c: getattr(c, "gain", None) or 0.0, reverse=True)
+    return sorted(passing, key=lambda c: (repairs_safety(c), getattr(c, "gain", None) or 0.0), reverse=True)
 
 
-__all__ = ["breadth_first", "gain", "passing_best_first"]
+__all__ = ["breadth_first", "gain", "passing_best_first", "repairs_safety"]
