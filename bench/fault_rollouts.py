@@ -4,7 +4,7 @@ case's faulty harness, exported round by round into <case>/rollouts/round-<k>.js
     python bench/fault_rollouts.py math-length-pays [more cases] [--cases-dir faults] [--threads 1]
 
 The run is `evotrainer train` with the config and overrides in the case's `generate:` block
-(default: configs/<domain>.yaml, 1 round of 12 steps, a held-out split of 8 for speed), the
+(default: configs/<domain>.yaml, 1 round of 6 steps of 4 prompts, a held-out split of 8 for speed), the
 case's harness as `harness=`, and the run's own seed. The files are gzip with no timestamp, so
 the same run gives the same bytes. Rollouts are exported as `rollouts export` writes them.
 """
@@ -29,15 +29,13 @@ DEFAULT_OVERRIDES = ["train.rounds=1", "train.steps_per_round=6", "train.prompts
 
 
 def generate(case_dir: Path, threads: int) -> None:
-    case = load_case(case_dir) if (case_dir / "rollouts").is_dir() else None
-    spec_gen = (case.spec.generate if case else _spec_only(case_dir)) or {}
-    domain = case.spec.domain if case else _spec_only(case_dir, "domain")
-    config = spec_gen.get("config") or str(CONFIGS_DIR / f"{domain}.yaml")
-    overrides = [*DEFAULT_OVERRIDES, *spec_gen.get("overrides", [])]
+    case = load_case(case_dir, rollouts=False)
+    config = case.spec.generate.get("config") or str(CONFIGS_DIR / f"{case.spec.domain}.yaml")
+    overrides = [*DEFAULT_OVERRIDES, *case.spec.generate.get("overrides", [])]
     with tempfile.TemporaryDirectory(prefix=f"fault-rollouts-{case_dir.name}-") as tmp:
         harness = Path(tmp) / "harness"
         harness.mkdir()
-        for name, text in _harness(case_dir).items():
+        for name, text in case.harness.items():
             (harness / name).write_text(text, encoding="utf-8")
         work = Path(tmp) / "work"
         cmd = [sys.executable, "-m", "evotrainer", "train", "-c", config, "--workdir", str(work),
@@ -58,19 +56,6 @@ def generate(case_dir: Path, threads: int) -> None:
                     fh.write("".join(lines).encode())
                 print(f"{case_dir.name}: round {rnd['index']}: {len(lines)} rollouts")
         print(f"{case_dir.name}: {time.perf_counter() - start:.0f} s")
-
-
-def _spec_only(case_dir: Path, key: str = "generate"):
-    import yaml
-
-    return yaml.safe_load((case_dir / "case.yaml").read_text()).get(key)
-
-
-def _harness(case_dir: Path) -> dict[str, str]:
-    from evotrainer.faultbench.case import _overlay, _seed
-
-    seed = _spec_only(case_dir, "harness")["seed"]
-    return {**_seed(seed, str(case_dir / "case.yaml")), **_overlay(case_dir / "harness", str(case_dir / "harness"))}
 
 
 def _run_name(config: str, overrides: list[str]) -> str:

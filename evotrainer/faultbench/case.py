@@ -189,8 +189,9 @@ def _rounds(folder: Path, where: str) -> tuple[Path, ...]:
     return tuple(found[k] for k in sorted(found))
 
 
-def load_case(root: Path | str) -> FaultCase:
-    """Read and check one case folder; CaseError names the file and the field at fault."""
+def load_case(root: Path | str, rollouts: bool = True) -> FaultCase:
+    """Read and check one case folder; CaseError names the file and the field at fault.
+    `rollouts=False`: a case whose rollouts are still to be made (bench/fault_rollouts.py)."""
     root = Path(root)
     where = str(root / "case.yaml")
     try:
@@ -213,7 +214,8 @@ def load_case(root: Path | str) -> FaultCase:
     names = [t.name for t in spec.tempting]
     if len(set(names)) != len(names):
         raise CaseError(f"{where}: tempting: a name is given twice")
-    return FaultCase(root, spec, harness, _rounds(root / "rollouts", str(root / "rollouts")), tuple(tempting))
+    rounds = _rounds(root / "rollouts", str(root / "rollouts")) if rollouts else ()
+    return FaultCase(root, spec, harness, rounds, tuple(tempting))
 
 
 def load_cases(folder: Path | str, only: list[str] | None = None) -> list[FaultCase]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,8 @@ from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
 from evotrainer.config import GateConfig
 from evotrainer.faultbench.case import CaseError, FaultCase
 from evotrainer.harness.repo import HarnessRepo
-from evotrainer.store import Store, StoredRollout
-from evotrainer.store.jsonl import from_export_dict
+from evotrainer.store import Store, StoredRollout, line_checks
+from evotrainer.store.jsonl import parse_line
 from evotrainer.workspace import Workspace, ensure_workspace
 
 TRAIN_RUN, HELDOUT_RUN = "train-slice", "heldout-slice"
@@ -45,6 +45,7 @@ class Tried:
     decision: str | None = None
     gain: float | None = None
     reason: str = ""
+    tested: str | None = None  # the commit the backtest ran on: what a promotion merges
 
 
 @dataclass
@@ -79,30 +80,22 @@ def _slice(task_id: str, share: float) -> str:
     return HELDOUT_RUN if int.from_bytes(digest[:8], "big") / 2**64 < share else TRAIN_RUN
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def read_round(path: Path, domain: str) -> list[StoredRollout]:
+    """One round file's rollouts, each line checked as `rollouts import` checks it."""
     opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
     try:
         with opener(path, "rb") as fh:
-            yield from enumerate(fh, 1)
+            for number, raw in line_checks.lines(fh):
+                try:
+                    row = parse_line(raw)
+                except ValueError as exc:
+                    raise CaseError(f"{path}:{number}: {' '.join(str(exc).split())[:200]}") from None
+                if row.rollout.domain != domain:
+                    raise CaseError(f"{path}:{number}: rollout of domain {row.rollout.domain!r}, the case is {domain!r}")
+                rows.append(row)
     except (OSError, EOFError) as exc:
         raise CaseError(f"{path}: cannot read: {exc}") from None
-
-
-def read_round(path: Path, domain: str) -> list[StoredRollout]:
-    """One round file's rollouts, checked like `rollouts import` checks a line."""
-    import json
-
-    rows = []
-    for number, raw in _lines(path):
-        if not raw.strip():
-            continue
-        try:
-            row = from_export_dict(json.loads(raw))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CaseError(f"{path}:{number}: {' '.join(str(exc).split())[:200]}") from None
-        if row.rollout.domain != domain:
-            raise CaseError(f"{path}:{number}: rollout of domain {row.rollout.domain!r}, the case is {domain!r}")
-        rows.append(row)
     if not rows:
         raise CaseError(f"{path}: holds no rollout")
     return rows
@@ -191,14 +184,14 @@ class CaseRun:
                 best = next(iter(passing_best_first(tried)), None)
                 if best is not None:
                     merge = self.repo.promote(best.branch, f"fault case {self.case.name}: passed backtest "
-                                              f"{best.backtest}", tested=self._tested(best))
+                                              f"{best.backtest}", tested=best.tested)
                     promoted = best.branch
                     criteria, worse = self._judge(store, seed_sha, merge)
                     unsafe += worse
             seconds = time.monotonic() - started
         fired = [p.name for p in report.probes if p.name in spec.detect and p.alert]
         if criteria is None:
-            criteria = [{"criterion": c.describe(), "holds": False, "fixed": None, "faulty": None} for c in spec.repair]
+            criteria = self._unjudged()
         return CaseResult(
             case=self.case.name, domain=spec.domain, fault=spec.fault, agent=getattr(self.agent, "name", "?"),
             n_train=counts[TRAIN_RUN], n_heldout=counts[HELDOUT_RUN], detected=bool(fired), fired=fired,
@@ -264,17 +257,15 @@ class CaseRun:
     def _gate(self, item: Tried) -> Tried:
         report = backtest(self.ws.root, item.branch, selector=self.train_sel, gate=self.gate, store=self.store,
                           workers=self.workers)
-        item.backtest, item.decision = report["id"], report["decision"]
+        item.backtest, item.decision, item.tested = report["id"], report["decision"], report["candidate"]
         item.gain = gain(report, self.gate)
         item.reason = next((r for r in report["reasons"] if "target" in r or "safety" in r),
                            report["reasons"][0] if report["reasons"] else "")
         self.say(f"  {item.branch}: {item.decision} ({item.reason[:90]})")
         return item
 
-    def _tested(self, item: Tried) -> str:
-        from evotrainer.backtest import load_report
-
-        return load_report(self.ws.backtests, item.backtest, self.store)["candidate"]
+    def _unjudged(self) -> list[dict[str, Any]]:
+        return [{"criterion": c.describe(), "holds": False, "fixed": None, "faulty": None} for c in self.case.spec.repair]
 
     def _judge(self, store: Store, seed_sha: str, merge: str) -> tuple[list[dict[str, Any]], list[str]]:
         """The promoted main against the faulty seed on the held-out slice: each repair criterion,
@@ -284,8 +275,7 @@ class CaseRun:
         metrics = report.get("metrics") or {}
         faulty, fixed = metrics.get("base") or {}, metrics.get("candidate") or {}
         if report.get("failure"):
-            return ([{"criterion": c.describe(), "holds": False, "fixed": None, "faulty": None}
-                     for c in self.case.spec.repair], [f"held-out backtest failed: {report['failure']}"])
+            return self._unjudged(), [f"held-out backtest failed: {report['failure']}"]
         criteria = [{"criterion": c.describe(), "holds": c.holds(fixed.get(c.metric), faulty.get(c.metric)),
                      "fixed": fixed.get(c.metric), "faulty": faulty.get(c.metric)} for c in self.case.spec.repair]
         worse = []

@@ -127,7 +127,8 @@ def export_jsonl(store: Store, out: TextIO, *, on_row: Callable[[], None] | None
     return n
 
 
-def _parse(raw: bytes | None) -> StoredRollout:
+def parse_line(raw: bytes | None) -> StoredRollout:
+    """One JSONL line as `rollouts import` takes it (ValueError naming the field otherwise)."""
     sr = from_export_dict(line_checks.parse(raw))
     line_checks.check_columns(sr)
     return sr
@@ -178,7 +179,7 @@ def _again(source: BinaryIO, good: set[int]) -> Iterator[StoredRollout]:
     for number, raw in line_checks.lines(source):
         if number in good:
             try:
-                yield _parse(raw)
+                yield parse_line(raw)
             except ValueError:  # raised inside the store's transaction: it rolls back whole
                 raise ImportErrors([(number, "the file changed during the import")]) from None
 
@@ -188,7 +189,7 @@ def _import(store: Store, source: BinaryIO, skip_bad: bool) -> ImportSummary:
     first_line: dict[str, int] = {}
     for number, raw in line_checks.lines(source):
         try:
-            rid = _parse(raw).rollout.id
+            rid = parse_line(raw).rollout.id
         except ValueError as exc:
             errors.append((number, line_checks.no_content(str(exc))))
             continue
