@@ -203,3 +203,19 @@ def test_a_criterion_says_whether_the_faulty_value_leaves_it_anything_to_tell():
     assert dead.shows_fault(0.5) and not dead.shows_fault(0.05)
     assert dead.holds(0.3, 0.5) and not dead.holds(0.45, 0.5) and not dead.holds(0.3, None)
     assert below.describe() == "ordering_violations < 0.05" and dead.describe() == "dead_group_ratio falls by >= 0.1"
+
+
+def test_a_case_harness_runs_only_in_the_sandbox(tmp_path):
+    """A case folder is untrusted code too: a faulty harness that reaches for the host at import
+    (os, a file write) is refused by the sandbox and the run ends with one error line."""
+    case = _copy("math-sparse-dead-groups", tmp_path / "cases")
+    marker = tmp_path / "pwned"
+    (case / "harness" / "reward.py").write_text(
+        "import os\nfrom evotrainer.api import Rollout\n\n"
+        f"open({str(marker)!r}, 'w').write(os.environ.get('HOME', '?'))\n\n\n"
+        "def reward(rollout: Rollout) -> dict[str, float]:\n    return {'correct': float(rollout.outcome.success)}\n")
+    proc = subprocess.run([sys.executable, "-m", "evotrainer", "bench", "harness", "--cases-dir", str(case)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "import of 'os'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
