@@ -76,8 +76,9 @@ class DomainConfig(_Strict):
     train_size: int = Field(256, ge=1)
     heldout_size: int = Field(64, ge=1)
     seed: int = 0
-    # swe only: edit (one turn, SEARCH/REPLACE) or agent (multi-turn tools, trained via TRL rollout_func)
-    scaffold: Literal["edit", "agent"] = "edit"
+    # swe only: edit (one turn, SEARCH/REPLACE), line (one turn, the named buggy line rewritten; for
+    # small policies) or agent (multi-turn tools, trained via TRL rollout_func)
+    scaffold: Literal["edit", "line", "agent"] = "edit"
     agent: AgentScaffoldConfig = Field(default_factory=AgentScaffoldConfig)
     frontier: FrontierConfig = Field(default_factory=FrontierConfig)
 

@@ -45,6 +45,11 @@ class Domain(Protocol):
         ...
 
 
+def prompt_scaffold(domain: object) -> str:
+    """The `scaffold` a harness PROMPT is rendered with: the domain's (swe: edit, line or agent), else ''."""
+    return str(getattr(domain, "scaffold", "") or "")
+
+
 def check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")

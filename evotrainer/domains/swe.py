@@ -25,10 +25,11 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import Outcome
 from evotrainer.domains.base import Task, check_split
-from evotrainer.grade import GradeResult, SweTask, is_test_path, load_tasks, parse_patch
+from evotrainer.grade import GradeResult, SweTask, is_test_path, load_tasks, make_patch, parse_patch
 from evotrainer.grade import grade as grade_patch
 from evotrainer.scaffold import SCAFFOLDS
 from evotrainer.scaffold.edit import EditApplyError, EditFormatError, edits_to_patch, parse_edits, safe_path
+from evotrainer.scaffold.line import LineFormatError, parse_line_answer, replace_line
 from evotrainer.tasks import PACK_DIR, pack_files, repos
 
 DOMAIN = "swe"
@@ -128,6 +129,25 @@ def edit_prompt(task: SweTask, max_lines: int = 40) -> tuple[str, dict[str, Any]
     return body, {"path": path, "start": start, "end": end}
 
 
+LINE_CONTEXT = (3, 2)  # lines shown before and after the buggy one (the line scaffold)
+
+
+def line_prompt(task: SweTask) -> tuple[str, dict[str, Any]]:
+    """The trusted prompt body of the line scaffold (the code around the bug and the line it is
+    on), and what it showed: {"path", "line", "start", "end"}."""
+    path, line = focus(task)
+    text = repos.read_buggy(task, path)
+    if text is None:
+        raise ValueError(f"{task.instance_id}: {path} is not in the repo")
+    lines = text.splitlines()
+    line = min(max(1, line), len(lines))
+    start, end = max(1, line - LINE_CONTEXT[0]), min(len(lines), line + LINE_CONTEXT[1])
+    body = _env.get_template("line_task.md.j2").render(
+        problem_statement=task.problem_statement.strip(), path=path, start=start, end=end, total=len(lines),
+        excerpt="\n".join(lines[start - 1:end]), line=line, buggy=lines[line - 1].strip())
+    return body, {"path": path, "line": line, "start": start, "end": end}
+
+
 # ---------------------------------------------------------------- outcomes
 
 
@@ -209,6 +229,28 @@ def check_edit_meta(task: SweTask, completion: str, truncated: bool, path: str |
         return Outcome(False, 0.0, "error", ("checker_error",)), {}
 
 
+def check_line_meta(task: SweTask, completion: str, truncated: bool, path: str,
+                    line: int, timeout_s: float = 60.0) -> tuple[Outcome, dict[str, Any]]:
+    """The verified outcome of one line-scaffold completion (the named line replaced by the
+    answer's code block), and the graded patch's rollout meta. Never raises."""
+    try:
+        if not isinstance(completion, str) or not completion.strip():
+            return Outcome(False, 0.0, "empty"), {}
+        try:
+            new = parse_line_answer(completion)
+        except LineFormatError:
+            return Outcome(False, 0.0, "truncated" if truncated else "format_error"), {}
+        before = repos.read_buggy(task, path)
+        if before is None:
+            return Outcome(False, 0.0, "patch_failed", ("format_ok", "missing_file")), {}
+        after = replace_line(before, line, new)
+        if after == before:
+            return Outcome(False, 0.0, "empty", ("format_ok", "no_change")), {}
+        return grade_checked(task, make_patch({path: (before, after)}), timeout_s, ("format_ok",))
+    except Exception:
+        return Outcome(False, 0.0, "error", ("checker_error",)), {}
+
+
 # ---------------------------------------------------------------- the domain
 
 
@@ -246,6 +288,8 @@ class SweDomain:
         swe = self._swe[instance_id]
         if self.scaffold == "edit":
             prompt, shown = edit_prompt(swe, self.excerpt_lines)
+        elif self.scaffold == "line":
+            prompt, shown = line_prompt(swe)
         else:
             prompt, shown = swe.problem_statement.strip(), {}
         return Task(task_id=instance_id, domain=DOMAIN, split=split_of(instance_id, self.heldout_fraction),
@@ -278,5 +322,7 @@ class SweDomain:
             except Exception:
                 return Outcome(False, 0.0, "error", ("checker_error",)), {}
         meta = task.meta
+        if self.scaffold == "line":
+            return check_line_meta(swe, completion, truncated, meta["path"], meta["line"], self.grade_timeout_s)
         near = (meta["start"] + meta["end"]) // 2 if "start" in meta and "end" in meta else None
         return check_edit_meta(swe, completion, truncated, meta.get("path"), self.grade_timeout_s, near)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from evotrainer.api import JUDGE_VERIFIED
-from evotrainer.domains.base import Domain, Task
+from evotrainer.domains.base import Domain, Task, prompt_scaffold
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
 from evotrainer.policy.backends import GenerationBackend, get_backend, require_vllm
@@ -84,7 +84,7 @@ def evaluate(model, tokenizer, domain: Domain, harness: IsolatedHarness | Harnes
 
     torch.manual_seed(seed)
     backend = backend or HFBackend(model, tokenizer, batch_size)
-    prompts = harness.render_prompts([t.prompt for t in tasks])
+    prompts = harness.render_prompts([t.prompt for t in tasks], scaffold=prompt_scaffold(domain))
     result = EvalResult(seed=seed, n=len(tasks), successes=0)
     generations = backend.generate(prompts, max_new_tokens, on_batch)
     if len(generations) != len(tasks):

@@ -21,7 +21,7 @@ from evotrainer.config import Config
 from evotrainer.console import make_console
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import build_domain
-from evotrainer.domains.base import Task
+from evotrainer.domains.base import Task, prompt_scaffold
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessSpec
 from evotrainer.harness.repo import HarnessRepo
@@ -296,7 +296,8 @@ def _round_dataset(session: Session, tasks: list[Task], tokenizer, seed: int) ->
     from evotrainer.experience.inject import ExperienceInjector
 
     cfg = session.config
-    prompts = session.harness.render_prompts([t.prompt for t in tasks])  # one request for the round
+    prompts = session.harness.render_prompts([t.prompt for t in tasks],  # one request for the round
+                                             scaffold=prompt_scaffold(session.domain))
     rows = [{"prompt": [{"role": "user", "content": p}], "task_id": t.task_id} for t, p in zip(tasks, prompts)]
     kwargs: dict = {}
     if cfg.domain.scaffold == "agent":  # multi-turn episodes through TRL's rollout_func: train/rollout.py
