@@ -36,20 +36,17 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from jinja2 import StrictUndefined
-    from jinja2.sandbox import SandboxedEnvironment
 
     from evotrainer.domains.swe import SweDomain
+    from evotrainer.harness.isolated import IsolatedHarness
+    from evotrainer.harness.loader import read_sources
     from evotrainer.paths import HARNESSES_DIR
     from evotrainer.policy.hf_backend import chat_prompt
     from evotrainer.policy.load import load_policy
 
     torch.set_num_threads(args.threads)
-    harness = args.harness or str(HARNESSES_DIR / "swe")
-    namespace: dict = {}
-    exec(compile(open(f"{harness}/rollout.py").read(), "rollout.py", "exec"), namespace)  # trusted: our own seed
-    # as the harness loader renders it (evotrainer/harness/loader.py)
-    template = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True).from_string(namespace["PROMPT"])
+    folder = args.harness or HARNESSES_DIR / "swe"
+    harness = IsolatedHarness(read_sources(folder), folder)  # harness code runs in its sandbox worker
     domain = SweDomain(levels=args.levels, source=args.source, excerpt_lines=args.excerpt_lines,
                        scaffold=args.scaffold)
     tasks = [t for split in ("train", "heldout") for t in domain.tasks(split, 10_000, 0)]
@@ -59,7 +56,7 @@ def main() -> None:
     rows = []
     start = time.perf_counter()
     for i, task in enumerate(tasks):
-        text = chat_prompt(tok, template.render(question=task.prompt, scaffold=args.scaffold))
+        text = chat_prompt(tok, harness.render_prompt(task.prompt, scaffold=args.scaffold))
         enc = tok([text] * args.k, return_tensors="pt", add_special_tokens=False)
         torch.manual_seed(args.seed * 100_003 + i)
         with torch.no_grad():
@@ -98,6 +95,7 @@ def main() -> None:
         applied = fmt - sum(r["kinds"].get("patch_failed", 0) for r in rs) - sum(r["kinds"].get("empty", 0) for r in rs)
         print(f"| {limit} | {level} | {len(rs)} | {ok / n:.3f} ({ok}/{n}) | {live}/{len(rs)} | {trunc / n:.2f} "
               f"| {fmt / n:.2f} | {max(applied, 0) / n:.2f} |")
+    harness.close()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"args": vars(args), "seconds": seconds, "rows": rows}, fh, indent=1)

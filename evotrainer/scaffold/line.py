@@ -6,8 +6,8 @@ on; the answer is that line, fixed, in one fenced code block.
     ```
 
 The smallest edit format there is, made for small policies: the embedded 135M model never writes
-a SEARCH/REPLACE block (0 of 192 samples parsed, `bench/swe_learnable.py`), but it does write a
-fenced line. The block's lines replace the named line, re-indented to that line's indentation
+a parsable SEARCH/REPLACE block (0 of 48 samples on the level-0 pack tasks at temperature 0.5),
+but it writes a fenced line 91% of the time (`bench/swe_learnable.py --scaffold line`). The block's lines replace the named line, re-indented to that line's indentation
 (the block is dedented first), so an answer may also split the line in two or add a guard.
 An empty block deletes the line. `parse_line_answer` raises LineFormatError when there is no
 fenced block; `replace_line` does the edit in memory.
