@@ -73,6 +73,16 @@ def test_line_check_outcomes(domain):
     assert not broken.success
 
 
+@pytest.mark.parametrize("attack", [
+    "import os; os._exit(0)",  # end the test process with success before any test reports
+    "import sys; sys.exit(0)",
+    "return hi if x > hi else x",  # orphans the old body under it: the module no longer imports
+])
+def test_line_answers_that_game_the_run_do_not_pass(domain, attack):
+    outcome = domain.check(_task(domain), f"```python\n{attack}\n```", False)
+    assert not outcome.success, outcome
+
+
 def test_seed_prompt_follows_the_scaffold(tmp_path):
     harness = load_harness(HARNESSES_DIR / "swe")
     line = harness.render_prompt("Q", scaffold="line")
