@@ -16,6 +16,7 @@ from evotrainer.paths import HARNESSES_DIR, SKILLS_DIR
 from evotrainer.skills import SkillError, SkillLibrary, parse_skill, save_learned, set_yaml_key
 
 MATH = read_sources(HARNESSES_DIR / "math")
+CODE = read_sources(HARNESSES_DIR / "code")
 # The seed with its `format` weight at 0: a correctness-only base. The shipped seed already pays
 # a clean finish, which is what partial credit adds, so partial credit is tested on this base.
 PLAIN = {**MATH, "harness.yaml": MATH["harness.yaml"].replace("format: 0.1", "format: 0.0")}
@@ -141,6 +142,26 @@ def test_partial_credit_rescues_dead_groups_without_ordering_violations() -> Non
     failures = group + [roll(text="Answer: 4"), roll(text="Answer: 4", truncated=True)]
     assert min(score(h, r) for r in successes) > max(score(h, r) for r in failures)
     assert max(score(h, r) for r in failures) <= 0.2 + 1e-9
+
+
+def test_hidden_test_credit_rescues_dead_code_groups_without_ordering_violations() -> None:
+    sparse = {**CODE, "harness.yaml": CODE["harness.yaml"].replace("format: 0.1", "format: 0.0")}
+    seed = Harness(sparse, Path("seed"))
+
+    def code(kind: str, share: float, rid: str) -> Rollout:
+        return Rollout(rid, "t", "g", "code", "q", "def f(x):\n    return x", (),
+                       Outcome(kind == "ok", share, kind, ()), 12, False, {})
+
+    group = [code("wrong", 0.0, "a"), code("wrong", 0.5, "b"), code("wrong", 0.75, "c"), code("format_error", 0.0, "d")]
+    assert len({score(seed, r) for r in group}) == 1  # dead under the sparse seed
+    for weight in LIB.get("hidden-test-credit").grid["weight"]:
+        h = harness_with("hidden-test-credit", base=sparse, weight=weight)
+        rewards = [score(h, r) for r in group]
+        assert rewards == pytest.approx([0.0, 0.5 * weight, 0.75 * weight, 0.0])
+        # A success earns the whole component; a tampering answer the grader scored 0 earns none.
+        assert score(h, code("ok", 1.0, "e")) == pytest.approx(1.0 + weight)
+        assert score(h, code("ok", 1.0, "e")) > max(rewards)
+        assert score(h, code("tampering", 0.0, "f")) == 0.0
 
 
 def test_overlong_penalty_keeps_successes_above_failures() -> None:
