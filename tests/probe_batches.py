@@ -65,9 +65,15 @@ def code_batch() -> list[Rollout]:
     ]
 
 
+def steps_batch() -> list[Rollout]:
+    """Four training steps of one prompt whose entropy falls by half within two steps."""
+    return [_r(f"e{step}{i}", f"eg{step}", "math", "wrong", meta={"entropy": e, "train_step": step})
+            for step, e in enumerate((2.0, 1.0, 0.8, 0.6)) for i in range(2)]
+
+
 def varied_batch() -> list[Rollout]:
     """Every domain's rollouts together (a diagnose over a whole store sees such a mix)."""
-    return batch() + [row.rollout for row in gate_groups()] + code_batch() + swe_batch()
+    return batch() + [row.rollout for row in gate_groups()] + code_batch() + swe_batch() + steps_batch()
 
 
 BATCHES = {"math": batch, "gate": lambda: [row.rollout for row in gate_groups()], "code": code_batch,

@@ -19,7 +19,7 @@ from evotrainer.harness.loader import HarnessError, check_imports, is_api_module
 from evotrainer.harness.sandbox import ALLOWED_MODULES
 from evotrainer.paths import HARNESSES_DIR
 from evotrainer.sandbox import isolation_support
-from tests.probe_batches import swe_batch, varied_batch
+from tests.probe_batches import steps_batch, swe_batch, varied_batch
 
 API = Path(evotrainer.api.__file__).parent
 SEEDS = ("math", "code", "swe")
@@ -54,12 +54,31 @@ def test_each_seed_takes_its_standard_probes_from_the_library(seed: str) -> None
 
     harness = load_harness(HARNESSES_DIR / seed)
     shared = [p for p in harness.probes if hasattr(probes, p.name)]
-    assert len(shared) == 18 and all(p.fn is getattr(probes, p.name) for p in shared)
+    assert len(shared) == 19 and all(p.fn is getattr(probes, p.name) for p in shared)
     assert "mean_kl" not in {p.name for p in shared}  # the seeds' beta is 0: it would always be n/a
     own = {p.name for p in harness.probes} - {p.name for p in shared}
     assert own == ({"empty_patch_rate", "timeout_rate", "partial_rate"} if seed == "swe" else set())
     report = health_report(harness, varied_batch())
     assert all(p.value is not None for p in report.probes), [p.name for p in report.probes if p.value is None]
+
+
+def test_entropy_fall_tells_a_collapsing_learning_rate_from_ordinary_training() -> None:
+    from evotrainer.api.probes import entropy_fall
+    from evotrainer.faultbench.run import read_round
+    from evotrainer.paths import FAULT_CASES_DIR
+
+    assert entropy_fall(steps_batch(), []) == pytest.approx(1 - (2.0 + 1.0) / 2 / 2.0)
+    assert entropy_fall(steps_batch()[:6], []) is None  # three steps: too few to tell a trend
+    harness = load_harness(HARNESSES_DIR / "math")
+    warn = next(p.warn for p in harness.probes if p.name == "entropy_fall")
+    # The real rollouts of the fault cases: only the 25x learning rate loses that much that fast.
+    falls = {}
+    for case in sorted(FAULT_CASES_DIR.glob("math-*")):
+        rows = read_round(sorted((case / "rollouts").glob("round-*"))[-1], "math")
+        report = health_report(harness, rows)  # the diagnose stage's path: the store's step reaches the probe
+        falls[case.name] = next(p.value for p in report.probes if p.name == "entropy_fall")
+    assert falls.pop("math-lr-collapse") > warn, falls
+    assert all(v is None or v < warn for v in falls.values()), falls
 
 
 needs_sandbox = pytest.mark.skipif(

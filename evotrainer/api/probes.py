@@ -246,6 +246,29 @@ def mean_entropy(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float
     return meta_mean(rollouts, "entropy")
 
 
+def entropy_fall(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float | None:
+    """Share of the entropy the batch's first training step sampled with that its first half of
+    steps has already lost: 1 - (mean entropy over the first half of the steps) / (mean entropy
+    of the first step). A learning rate that collapses the policy loses most of it within a step
+    or two; ordinary GRPO loses it over rounds, so the level alone (mean_entropy) cannot tell the
+    two apart early. None with fewer than 4 steps that have entropies (`meta["train_step"]`, which
+    the diagnose stage sets from the store)."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for r in rollouts:
+        step = r.meta.get("train_step")
+        value = r.meta.get("entropy")
+        if isinstance(step, int) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            by_step[step].append(float(value))
+    steps = sorted(by_step)
+    if len(steps) < 4:
+        return None
+    means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+    if means[0] <= 0:
+        return None
+    early = means[: len(means) // 2]
+    return 1.0 - (sum(early) / len(early)) / means[0]
+
+
 def mean_kl(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> float | None:
     """Mean per-token KL of the policy to its reference; measured only with beta > 0."""
     return meta_mean(rollouts, "kl")

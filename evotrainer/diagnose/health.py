@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,13 @@ class HealthReport:
 
 
 def _unwrap(row: StoredRollout | Rollout) -> Rollout:
-    return row.rollout if isinstance(row, StoredRollout) else row
+    """The rollout a probe sees; a stored one carries the training step it was sampled at as
+    `meta["train_step"]` (the store keeps it beside the rollout, not in it)."""
+    if not isinstance(row, StoredRollout):
+        return row
+    if row.step is None:
+        return row.rollout
+    return replace(row.rollout, meta={**row.rollout.meta, "train_step": row.step})
 
 
 def _by_group(rollouts: Iterable[Rollout]) -> list[Rollout]:
