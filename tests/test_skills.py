@@ -204,6 +204,20 @@ def test_keep_verified_successes_undoes_only_the_false_drops() -> None:
     assert h.keep_rollout(roll("wrong", tokens=20))
 
 
+def test_keep_verified_successes_keeps_the_live_groups_a_group_filter_drops() -> None:
+    spread = {**MATH, "filters.py": MATH["filters.py"].replace(
+        "def keep_group(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> bool:\n    return True",
+        "def keep_group(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> bool:\n"
+        "    return max(rewards) - min(rewards) < 0.5")}
+    assert spread["filters.py"] != MATH["filters.py"]
+    faulty, h = Harness(spread, Path("x")), harness_with("keep-verified-successes", base=spread)
+    live = [roll("ok"), roll("wrong")]
+    assert not faulty.keep_group(live, [1.1, 0.1]) and h.keep_group(live, [1.1, 0.1])
+    # A dead group, even of successes, and a live group of failures stay the group filter's call.
+    assert h.keep_group([roll("ok"), roll("ok")], [1.1, 1.1]) == faulty.keep_group([roll("ok"), roll("ok")], [1.1, 1.1])
+    assert not h.keep_group([roll("wrong"), roll("wrong", text="x")], [0.1, 2.0])
+
+
 def test_filters_and_curriculum() -> None:
     zv = harness_with("zero-variance-group-filter", min_std=0.0)
     assert zv.keep_group([roll(), roll()], [0.0, 0.0]) is False
