@@ -100,11 +100,14 @@ def live_fault_value(arm: Arm) -> float | None:
         rounds = store.rounds(store.run_id(RUN))
     last = max(rounds, key=lambda r: r["index"])
     repo = HarnessRepo(Workspace(arm.workdir).harnesses)
-    # The stored version is a hash of the harness's files: find the main commit that holds them.
-    sha = next((c.sha for c in repo.log(first_parent=False) if harness_version(repo.sources(c.sha)) == last["harness_version"]),
-               None)
+    # A round records the commit it trained under (a harness loaded from the repo is versioned by
+    # its sha); a content hash (harness_version) where the harness came from a folder.
+    version = last["harness_version"]
+    shas = [c.sha for c in repo.log(first_parent=False)]
+    sha = next((s for s in shas if s == version), None) or next(
+        (s for s in shas if harness_version(repo.sources(s)) == version), None)
     if sha is None:
-        raise RuntimeError(f"no commit on main holds round {last['index']}'s harness {last['harness_version'][:12]}")
+        raise RuntimeError(f"no commit of {repo.path} holds round {last['index']}'s harness {version[:12]}")
     report = backtest(arm.workdir, sha, base=sha, selector=Selector(run=RUN, round=last["index"]), workers=1,
                       record=False)
     return ((report.get("metrics") or {}).get("base") or {}).get(arm.start.fault_metric)
