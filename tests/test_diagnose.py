@@ -103,6 +103,24 @@ def test_false_drop_rate_is_measured_from_the_harness_filters() -> None:
     assert health_report(load_harness(SEED), failures).get("false_drop_rate").level == "n/a"
 
 
+def test_mid_band_weight_reads_the_curriculum_over_the_rounds_history() -> None:
+    from evotrainer.api import TaskStats
+    from evotrainer.faultbench import load_case
+    from evotrainer.harness.loader import Harness
+    from evotrainer.paths import FAULT_CASES_DIR
+
+    history = [TaskStats(f"solved{i}", 8, 8) for i in range(4)] + [TaskStats(f"mid{i}", 8, 3) for i in range(2)] \
+        + [TaskStats(f"new{i}", 0, 0) for i in range(10)] + [TaskStats("held", 8, 4, {"split": "heldout"})]
+    seed = health_report(load_harness(SEED), batch(), task_stats=history).get("mid_band_weight")
+    assert seed.value == pytest.approx(1.0) and seed.level == "ok"  # uniform weights
+    assert health_report(load_harness(SEED), batch()).get("mid_band_weight") is None  # no history given
+    starving = Harness(load_case(FAULT_CASES_DIR / "math-curriculum-starves-mid").harness, Path("x"))
+    probe = health_report(starving, batch(), task_stats=history).get("mid_band_weight")
+    assert probe.value == pytest.approx(0.05 / ((14 + 0.1) / 16)) and probe.level == "critical"
+    # Without a mid-band task in the history (held-out tasks do not count) there is nothing to weigh.
+    assert health_report(starving, batch(), task_stats=history[:4] + history[-1:]).get("mid_band_weight").level == "n/a"
+
+
 def test_model_state_and_multi_turn_probes() -> None:
     harness = load_harness(SEED)
     edit = Turn("assistant", "sed -i 's/a/b/' x.py")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
 from evotrainer.harness.loader import Harness, read_sources
-from evotrainer.paths import HARNESSES_DIR, SKILLS_DIR
+from evotrainer.paths import FAULT_CASES_DIR, HARNESSES_DIR, SKILLS_DIR
 from evotrainer.skills import SkillError, SkillLibrary, parse_skill, save_learned, set_yaml_key
 
 MATH = read_sources(HARNESSES_DIR / "math")
@@ -244,6 +244,13 @@ def test_filters_and_curriculum() -> None:
     weights = cur.weights([TaskStats("solved", 8, 8), TaskStats("never", 8, 0), TaskStats("mid", 8, 4),
                            TaskStats("new", 1, 1)])
     assert weights == {"solved": 0.2, "never": 0.2, "mid": 1.0, "new": 1.0}
+    # Over a curriculum that starves the band, the band is lifted back to the mean weight.
+    starving = {**MATH, "curriculum.py": (FAULT_CASES_DIR / "math-curriculum-starves-mid" / "harness" /
+                                          "curriculum.py").read_text()}
+    stats = [TaskStats("solved", 8, 8), TaskStats("mid", 8, 4), TaskStats("new", 0, 0), TaskStats("new2", 0, 0)]
+    assert Harness(starving, Path("x")).weights(stats)["mid"] == 0.05
+    lifted = harness_with("pass-rate-curriculum", base=starving, band=[0.1, 0.9], floor=0.2).weights(stats)
+    assert lifted == pytest.approx({"solved": 0.2, "mid": (1 + 0.05 + 1 + 1) / 4, "new": 1.0, "new2": 1.0})
 
 
 def _agent(*actions: str, kind: str = "wrong", flags=(), observations: str = "ok") -> Rollout:

@@ -168,8 +168,9 @@ class Coevolution:
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
+            history = store.task_stats(self.config.domain.name, run_id, state.round)  # what the round was drawn from
         with self.repo.load("main") as harness:  # its code runs in a sandbox worker
-            self.report = health_report(harness, rows)
+            self.report = health_report(harness, rows, task_stats=history)
         self._add_guard_probe(state)
         write_report(self.report, self.ws.root / "diagnostics", f"{self.config.run_name}-round-{state.round}")
         for p in self.report.alerts:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from evotrainer.api import Rollout
+from evotrainer.api import Rollout, TaskStats
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, Probe
 from evotrainer.harness.redact import redact
@@ -28,6 +28,9 @@ SEVERITY = {"critical": 2, "warn": 1, "ok": 0, "n/a": -1}
 MAX_EXAMPLES = 3
 FALSE_DROP = "false_drop_rate"  # trusted: computed here from the harness's filter decisions
 FALSE_DROP_THRESHOLDS = (0.05, 0.2)  # warn, critical
+MID_BAND = "mid_band_weight"  # trusted: the curriculum's weights over the history the round was drawn from
+MID_BAND_THRESHOLDS = (0.5, 0.25)  # warn, critical; it alerts below
+MID_BAND_ATTEMPTS = 4  # a task is in the mid band after this many attempts with mixed outcomes
 PREVIEW_CHARS = 240
 
 
@@ -189,9 +192,11 @@ def _preview(r: Rollout) -> str:
 
 
 def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollout | Rollout], *, scope: str = "all",
-                  examples: bool = True) -> HealthReport:
+                  examples: bool = True, task_stats: Sequence[TaskStats] | None = None) -> HealthReport:
     """Evaluate every probe of `harness` on `rows` (StoredRollouts or api Rollouts).
 
+    `task_stats`: the per-task history the rows' round was drawn from; given, the report also
+    holds the trusted `mid_band_weight` (the curriculum's own weights over it).
     A reward fault is a HarnessError (the harness under diagnosis cannot score these rollouts);
     a probe fault only marks that probe n/a with its error.
     """
@@ -208,6 +213,8 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
         results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,
                                    probe.direction, ids, error))
     results = [r for r in results if r.name != FALSE_DROP] + [_false_drops(harness, rollouts, rewards, examples)]
+    if task_stats is not None:
+        results = [r for r in results if r.name != MID_BAND] + [_mid_band(harness, task_stats)]
     index = {r.id: (r, w) for r, w in zip(rollouts, rewards)}
     shown = {}
     for result in results:
@@ -243,6 +250,31 @@ def _false_drops(harness: IsolatedHarness | Harness, rollouts: Sequence[Rollout]
     level = "critical" if value > critical else "warn" if value > warn else "ok"
     shown = tuple(dropped[:MAX_EXAMPLES]) if examples and level != "ok" else ()
     return ProbeResult(FALSE_DROP, "result", value, level, warn, critical, "above", shown)
+
+
+def _mid_band(harness: IsolatedHarness | Harness, task_stats: Sequence[TaskStats]) -> ProbeResult:
+    """The trusted `mid_band_weight`: the mean weight the harness's curriculum gives the tasks
+    the policy half-solves (at least MID_BAND_ATTEMPTS attempts, pass rate strictly between 0
+    and 1) over the mean weight it gives every task of the history. About 1 for a uniform
+    curriculum and above 1 for one that favours the mid band; near 0 for one that starves the
+    tasks whose groups mix successes and failures, which are the groups GRPO learns from. No
+    probe a harness writes can see this: probes get rollouts, not the curriculum's weights.
+    None without a mid-band task in the history."""
+    warn, critical = MID_BAND_THRESHOLDS
+    stats = [s for s in task_stats if s.meta.get("split") != "heldout"]
+    mid = [s.task_id for s in stats if s.attempts >= MID_BAND_ATTEMPTS and 0 < s.successes < s.attempts]
+    if not mid:
+        return ProbeResult(MID_BAND, "result", None, "n/a", warn, critical, "below")
+    try:
+        weights = harness.weights(stats)
+    except HarnessError as exc:
+        return ProbeResult(MID_BAND, "result", None, "n/a", warn, critical, "below", (), redact(exc))
+    overall = sum(weights.get(s.task_id, 0.0) for s in stats) / len(stats)
+    if overall <= 0:
+        return ProbeResult(MID_BAND, "result", None, "n/a", warn, critical, "below")
+    value = sum(weights.get(t, 0.0) for t in mid) / len(mid) / overall
+    level = "critical" if value < critical else "warn" if value < warn else "ok"
+    return ProbeResult(MID_BAND, "result", value, level, warn, critical, "below")
 
 
 def write_report(report: HealthReport, folder: Path | str, name: str) -> tuple[Path, Path]:

@@ -222,9 +222,11 @@ class CaseRun:
     def _diagnose(self, store: Store, last: int):
         from evotrainer.diagnose import health_report
 
-        rows = list(store.iter_rollouts(run_id=store.run_id(TRAIN_RUN), round_index=last))
+        run_id = store.run_id(TRAIN_RUN)
+        rows = list(store.iter_rollouts(run_id=run_id, round_index=last))
+        history = store.task_stats(self.case.spec.domain, run_id, last)  # what the round was drawn from
         with self.repo.load("main") as harness:
-            report = health_report(harness, rows)
+            report = health_report(harness, rows, task_stats=history)
         self.rows = rows
         self.say(f"{self.case.name}: diagnosed {len(rows)} rollouts: "
                  + (", ".join(f"{p.name} {p.level}" for p in report.alerts) or "no alert"))
