@@ -159,7 +159,7 @@ def test_gate_without_targets_trailer_takes_the_best_default_target():
     assert target_from_trailer("fewer empty answers") is None
     from evotrainer.backtest import decide
 
-    base = {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "proxy_auc": 0.9, "n_rollouts": 8,
+    base = {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "proxy_auc": 0.99, "n_rollouts": 8,
             "ordering_violations": 0.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0}
     better = {**base, "effective_data_ratio": 0.52}
     d = decide(base, better, GateConfig())
@@ -167,15 +167,15 @@ def test_gate_without_targets_trailer_takes_the_best_default_target():
     d = decide(base, {**base, "effective_data_ratio": 0.519}, GateConfig())
     assert d.decision == "reject" and "none of" in d.reasons[0]
     # a safety metric may move within tolerance, not beyond it
-    assert decide(base, {**better, "proxy_auc": 0.896}, GateConfig()).decision == "promote"
-    assert decide(base, {**better, "proxy_auc": 0.894}, GateConfig()).decision == "reject"
+    assert decide(base, {**better, "proxy_auc": 0.986}, GateConfig()).decision == "promote"
+    assert decide(base, {**better, "proxy_auc": 0.984}, GateConfig()).decision == "reject"
     assert decide(base, better, GateConfig(margin=0.05)).decision == "reject"
 
 
 def test_gate_judges_mean_tokens_relative_to_the_base():
     from evotrainer.backtest import decide
 
-    base = {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "proxy_auc": 0.9, "n_rollouts": 8,
+    base = {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "proxy_auc": 0.99, "n_rollouts": 8,
             "ordering_violations": 0.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
             "mean_tokens": 30.0}
     # 0.5 tokens fewer clears an absolute 0.02 margin, but is under 2% of the base: not a real cut
@@ -198,6 +198,25 @@ def test_a_change_that_leaves_no_training_signal_is_never_a_gain():
     assert d.decision == "reject" and any("nothing to train on" in r for r in d.reasons)
     live = {**base, "dead_group_ratio": 0.5, "effective_data_ratio": 0.25, "mean_tokens": 100.0}
     assert decide({**live, "mean_tokens": 120.9}, live, GateConfig(), declared_target="mean_tokens").decision == "promote"
+
+
+def test_a_harness_with_a_safety_fault_is_repaired_before_anything_else_passes():
+    """Seen on math-group-filter-drops-live: the filters dropped every verified success, and a
+    change that also dropped long rollouts passed on mean_tokens, false_drop_rate being at 1 already."""
+    from evotrainer.backtest import decide
+
+    base = {"dead_group_ratio": 0.2, "effective_data_ratio": 0.3, "proxy_auc": 1.0, "n_rollouts": 16,
+            "ordering_violations": 0.0, "false_drop_rate": 1.0, "hacking_reward_mass": 0.0, "mean_tokens": 12.8}
+    cheaper = {**base, "mean_tokens": 8.5}
+    d = decide(base, cheaper, GateConfig(), declared_target="mean_tokens")
+    assert d.decision == "reject" and any("unrepaired: false_drop_rate 1" in r for r in d.reasons)
+    repair = {**base, "false_drop_rate": 0.0}
+    assert decide(base, repair, GateConfig(), declared_target="false_drop_rate").decision == "promote"
+    # Once repaired, an efficiency change passes again; inverted tiers hold changes back the same way.
+    assert decide(repair, {**repair, "mean_tokens": 8.5}, GateConfig(), declared_target="mean_tokens").decision == "promote"
+    inverted = {**repair, "ordering_violations": 0.2}
+    assert decide(inverted, {**inverted, "mean_tokens": 8.5}, GateConfig(),
+                  declared_target="mean_tokens").decision == "reject"
 
 
 def test_passing_candidates_are_ranked_in_margins_not_raw_units():

@@ -23,6 +23,8 @@ from evotrainer.harness.sandbox import CandidateFailure
 _SLACK = 1e-12
 # Metrics that are counts, not ratios: judged on change relative to the base.
 RELATIVE_METRICS = frozenset({"mean_tokens"})
+# Safety faults that hold back every change but their repair (the false_drop_rate alert's warning).
+REPAIR_FIRST = {"false_drop_rate": 0.05, "ordering_violations": 0.05, "proxy_auc": 0.95}
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ def decide(base: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, 
     target = checks[-1].name.removeprefix("target:") if checks[-1].name.startswith("target:") else None
     for name in SAFETY_METRICS:
         checks.append(_safety_check(name, base, candidate, gate))
+    if target is not None and target not in SAFETY_METRICS:
+        checks.append(_repair_first_check(candidate))
     passed = all(c.passed for c in checks)
     reasons = [c.detail for c in checks if c.passed == passed]  # why it passed, or what failed
     return GateDecision("promote" if passed else "reject", target, reasons, checks)
@@ -120,6 +124,23 @@ def _signal_check(cand: Mapping[str, Any]) -> Check:
     ok = ratio is not None and ratio > EPS
     return Check("signal", ok, f"the candidate leaves {_fmt(ratio)} of the rollouts with a learning signal"
                  + ("" if ok else " (kept, in a live group, with a non-zero advantage): nothing to train on"))
+
+
+def _repair_first_check(cand: Mapping[str, Any]) -> Check:
+    """A change that targets anything but a safety metric may not pass while it leaves a safety
+    fault past the limit the diagnose stage alerts at (REPAIR_FIRST): a harness that drops every
+    verified success or ranks failures above successes is repaired first. Otherwise a change
+    that makes such a harness cheaper (drop more long rollouts) passes on its own target, since
+    a safety metric already at its worst cannot get worse."""
+    past = []
+    for name, limit in REPAIR_FIRST.items():
+        value = cand.get(name)
+        if value is not None and (value > limit if LOWER_IS_BETTER[name] else value < limit):
+            past.append(f"{name} {value:.4g} ({'above' if LOWER_IS_BETTER[name] else 'below'} {limit:g})")
+    ok = not past
+    return Check("repair_first", ok, "no safety fault left past its limit" if ok else
+                 f"the candidate leaves a safety fault unrepaired: {', '.join(past)}; only a change that "
+                 "targets it may pass first")
 
 
 def margins_gained(name: str, base: float, cand: float, gate: GateConfig) -> float:
