@@ -270,9 +270,10 @@ def test_descriptor_tricks_are_refused(ws, seed, tmp_path, monkeypatch):
 def test_writing_into_every_descriptor_fails_the_candidate_not_the_parent(ws, seed, payload):
     # os.write needs no open(): garbage (or a pickle that would run code in the parent if it
     # unpickled it) goes straight into the result pipe. The parent reads JSON frames only,
-    # without blocking, and the worker holds no descriptor of the store.
+    # without blocking, and the worker holds no descriptor of the store. The worker's socket keeps
+    # the number it has in the parent, which a long test run pushes past 64: try them all.
     rejected(ws, seed, "wrote into the sandbox worker's", reward=reward(  # result pipe or sentinel
-        f"for fd in range(3, 64):\n    try:\n        random._os.write(fd, {payload!r})\n"
+        f"for fd in range(3, 1 << 14):\n    try:\n        random._os.write(fd, {payload!r})\n"
         "    except OSError:\n        pass\nreturn {}", head="import random"))
     with Store.open(ws.root) as store:
         assert store.count_rollouts() == 16
@@ -295,7 +296,7 @@ def test_reading_the_parents_requests_is_a_failure_not_a_hang(ws, seed):
     # request. Either the worker waits for a request that never comes (a stall the parent
     # notices) or it reads a broken stream and exits; both reject, neither hangs.
     out = score(ws, seed, GATE, 4, reward=reward(
-        "for fd in range(3, 64):\n    try:\n        random._os.set_blocking(fd, False)\n"
+        "for fd in range(3, 1 << 14):\n    try:\n        random._os.set_blocking(fd, False)\n"
         "        random._os.read(fd, 1 << 20)\n        random._os.set_blocking(fd, True)\n"
         "    except OSError:\n        pass\nreturn {}", head="import random"))
     assert out.failure is not None and out.failure.harness == "candidate"
