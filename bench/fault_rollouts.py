@@ -21,17 +21,14 @@ import time
 from pathlib import Path
 
 from evotrainer.faultbench.case import load_case
-from evotrainer.paths import CONFIGS_DIR, FAULT_CASES_DIR
+from evotrainer.paths import FAULT_CASES_DIR
 from evotrainer.store import Store
 from evotrainer.store.jsonl import dumps
-
-DEFAULT_OVERRIDES = ["train.rounds=1", "train.steps_per_round=6", "train.prompts_per_step=4", "domain.heldout_size=8"]
 
 
 def generate(case_dir: Path, threads: int) -> None:
     case = load_case(case_dir, rollouts=False)
-    config = case.spec.generate.get("config") or str(CONFIGS_DIR / f"{case.spec.domain}.yaml")
-    overrides = [*DEFAULT_OVERRIDES, *case.spec.generate.get("overrides", [])]
+    config, overrides = case.run_config()
     with tempfile.TemporaryDirectory(prefix=f"fault-rollouts-{case_dir.name}-") as tmp:
         harness = Path(tmp) / "harness"
         harness.mkdir()

@@ -75,6 +75,10 @@ class DomainConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)  # the domain's own keyword options
     train_size: int = Field(256, ge=1)
     heldout_size: int = Field(64, ge=1)
+    # Tasks carved from the train pool (never trained on) that decide: coevolve verifies
+    # promotions, compares the control arm and scores reward hacking on them, so the held-out
+    # split decides nothing and stays an honest final measure. 0: the held-out split decides.
+    validation_size: int = Field(32, ge=0)
     seed: int = 0
     # swe only: edit (one turn, SEARCH/REPLACE), line (one turn, the named buggy line rewritten; for
     # small policies) or agent (multi-turn tools, trained via TRL rollout_func)
@@ -180,6 +184,10 @@ class CoevolveConfig(_Strict):
     # control: the verified round is trained again without the change (coevolve/control.py) and
     # compared task by task; previous: compared with the round before (cheaper, counts drift too)
     verify_against: Literal["control", "previous"] = "control"
+    # A change to the training dynamics (harness.yaml grpo knobs) that replay cannot judge trains
+    # this many steps under base and candidate from the round's adapter (coevolve/pilot.py);
+    # 0: such changes are rejected.
+    pilot_steps: int = Field(4, ge=0)
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
 
 

@@ -120,8 +120,8 @@ def promoted_after_round0(loop: Coevolution, weight: float = 0.1):
 def test_regression_in_verification_round_reverts_and_fails_the_skill(loop):
     store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
     skill = "partial-credit-format"
-    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {})
-    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {})  # 0.60 -> 0.30: far beyond noise
+    store.add_eval(run_id, round0, "validation", "a0", 0, 200, 120, {})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 200, 60, {})  # 0.60 -> 0.30: far beyond noise
     state = _state(loop, round=1, stage="verify",
                    pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
     loop.stage_verify(state)
@@ -143,8 +143,8 @@ def test_verification_within_noise_validates_the_skill(loop):
     cand = loop.repo.propose(0, "pcf", rendered, diagnosis="d", targets="dead_group_ratio", expected="e")
     merge = loop.repo.promote(cand.branch, "passed")
     round1 = store.start_round(run_id, 1, merge, "lora-x")
-    store.add_eval(run_id, round0, "heldout", "a0", 0, 128, 60, {})
-    store.add_eval(run_id, round1, "heldout", "a1", 0, 128, 58, {})
+    store.add_eval(run_id, round0, "validation", "a0", 0, 128, 60, {})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 128, 58, {})
     state = _state(loop, round=1, stage="verify",
                    pending=Pending(merge, cand.branch, skill, {"weight": 0.05}, "bt-y", "dead_group_ratio", 0))
     loop.stage_verify(state)
@@ -185,11 +185,11 @@ def test_verification_against_the_control_arm_does_not_charge_drift_to_the_chang
     store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
     skill = "partial-credit-format"
     tasks = [f"h{i}" for i in range(200)]
-    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {"solved": tasks[:120]})
-    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {"solved": tasks[:60]})  # 0.60 -> 0.30
+    store.add_eval(run_id, round0, "validation", "a0", 0, 200, 120, {"solved": tasks[:120]})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 200, 60, {"solved": tasks[:60]})  # 0.60 -> 0.30
     control = store.get_or_create_run(control_run("tiny"), "math", {})
     c1 = store.start_round(control, 1, "parent", "lora-x")
-    store.add_eval(control, c1, "heldout", "c1", 0, 200, 62, {"solved": tasks[:62]})
+    store.add_eval(control, c1, "validation", "c1", 0, 200, 62, {"solved": tasks[:62]})
     state = _state(loop, round=1, stage="verify",
                    pending=Pending(merge, cand.branch, skill, {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))
     loop.stage_verify(state)
@@ -253,12 +253,12 @@ def test_a_change_reverted_against_its_control_arm_hands_the_next_round_the_arms
 
     store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
     tasks = [f"h{i}" for i in range(200)]
-    store.add_eval(run_id, round0, "heldout", "a0", 0, 200, 120, {"solved": tasks[:120]})
-    store.add_eval(run_id, round1, "heldout", "a1", 0, 200, 60, {"solved": tasks[:60]})
+    store.add_eval(run_id, round0, "validation", "a0", 0, 200, 120, {"solved": tasks[:120]})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 200, 60, {"solved": tasks[:60]})
     store.finish_round(round1, {}, "adapters/tiny/round-1")
     control = store.get_or_create_run(control_run("tiny"), "math", {})
     c1 = store.start_round(control, 1, "parent", "lora-x")
-    store.add_eval(control, c1, "heldout", "c1", 0, 200, 110, {"solved": tasks[:110]})  # far better
+    store.add_eval(control, c1, "validation", "c1", 0, 200, 110, {"solved": tasks[:110]})  # far better
     store.finish_round(c1, {}, "adapters/tiny~control/round-1")
     state = _state(loop, round=1, stage="verify", pending=Pending(
         merge, cand.branch, "partial-credit-format", {"weight": 0.1}, "bt-x", "dead_group_ratio", 0))

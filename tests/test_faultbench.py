@@ -219,3 +219,32 @@ def test_a_case_harness_runs_only_in_the_sandbox(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "import of 'os'" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_live_case_is_repaired_through_the_pilot_on_the_real_model(tmp_path):
+    """math-temperature-duplicates with --live, its run config cut to one prompt per step: the rules
+    agent proposes raise-temperature, replay cannot judge it, the pilot trains 2 real steps per arm
+    from the base model, and a promoted fix is judged on a second pilot (another training seed)."""
+    case_dir = tmp_path / "math-temperature-duplicates"
+    shutil.copytree(FAULT_CASES_DIR / case_dir.name, case_dir)
+    spec = yaml.safe_load((case_dir / "case.yaml").read_text())
+    spec["generate"] = {"overrides": ["train.prompts_per_step=1", "domain.validation_size=8"]}
+    (case_dir / "case.yaml").write_text(yaml.safe_dump(spec))
+    [result] = run_cases([load_case(case_dir)], get_agent("rules"), workdir=tmp_path / "work", live=True,
+                         pilot_steps=2)
+    [piloted] = [t for t in result.tried if t.skill == "raise-temperature"]
+    pilot = piloted.pilot
+    assert pilot is not None and pilot["change"] == {"temperature": [0.3, 1.0]}
+    # sampling at 1.0 instead of 0.3: far fewer copies within a group, on real rollouts
+    assert pilot["target"] == "duplicate_rate" and pilot["candidate"] < pilot["base"]
+    assert piloted.decision in ("promote", "reject") and piloted.reason.startswith("pilot")
+    assert result.repaired is not None and result.note is None
+    if result.promoted is not None:
+        # judged on the second pilot's rollouts, faulty and fixed, by the case's own criteria
+        assert all(c["faulty"] is not None and c["fixed"] is not None for c in result.criteria)
+    with Store.open(tmp_path / "work" / case_dir.name / "workspace") as store:
+        assert set(pilot["runs"]) == {"base", "0-raise-temperature"}
+        for run in pilot["runs"].values():
+            run_id = store.run_id(run)
+            assert run_id is not None and {e["split"] for e in store.evals(run_id)} == {"validation"}

@@ -259,9 +259,9 @@ def test_judge_verified_reaches_the_stored_row_the_eval_the_guard_and_the_report
         history = round_history(store, run)
     assert result.details()["judge_verified"] == {"n": result.n, "successes": result.successes}
     # The guard never pools judge-verified with verified success, and does not gate on it.
-    assert [(h["heldout_success"], h["heldout_n"], h["heldout_judge_n"]) for h in history] == \
+    assert [(h["success"], h["n"], h["judge_n"]) for h in history] == \
         [(None, 0, len(held)), (None, 0, 4)]
-    assert history[1]["heldout_judge_success"] == 1.0
+    assert history[1]["judge_success"] == 1.0
     assert all(h["train_reward"] is not None for h in history)  # n/a because judge-verified, not for want of data
     check = check_hacking(history)
     assert check.value is None and check.level == "n/a" and "judge-verified" in check.describe()
@@ -286,7 +286,7 @@ def test_a_mixed_history_keeps_verified_and_judge_verified_apart(tmp_path):
             store.add_eval(run, rnd, "heldout", None, 1, 100, 100, {"judge_verified": {"n": 100, "successes": 100}})
             store.add_rollouts(_trained(run, rnd, k, reward))
         history = round_history(store, run)
-    assert [(h["heldout_success"], h["heldout_n"], h["heldout_judge_success"]) for h in history] == \
+    assert [(h["success"], h["n"], h["judge_success"]) for h in history] == \
         [(0.3, 100, 1.0)] * 3
     assert check_hacking(history).level == "critical"  # reward rose, verified success stayed flat
 

@@ -234,8 +234,8 @@ def test_cached_backend_reuses_generations_within_one_adapter_version(tmp_path, 
 
 
 def _history_store(path: Path, rewards: list[float], heldout: list[int]) -> tuple[Store, int]:
-    """A real stored run: per round, 8 training rollouts with the given mean reward and a held-out
-    eval with `heldout[i]` successes of 50."""
+    """A real stored run: per round, 8 training rollouts with the given mean reward and a
+    validation eval (the split coevolve decides on) with `heldout[i]` successes of 50."""
     store = Store.open(path)
     run_id = store.get_or_create_run("r", "math", {})
     store.upsert_tasks("math", [{"task_id": "t", "split": "train", "prompt": "q", "answer": "1"},
@@ -247,19 +247,19 @@ def _history_store(path: Path, rewards: list[float], heldout: list[int]) -> tupl
                               {"x": reward}, reward, 0.0, True, f"v{i}", 0, "hv", run_id, round_id, 0)
                 for j in range(8)]
         store.add_rollouts(rows)
-        store.add_eval(run_id, round_id, "heldout", f"a{i}", 0, 50, ok, {})
+        store.add_eval(run_id, round_id, "validation", f"a{i}", 0, 50, ok, {})
     return store, run_id
 
 
 def test_reward_hacking_fires_on_a_hacked_history_and_not_on_a_healthy_one(tmp_path):
     hacked, run = _history_store(tmp_path / "hacked", [0.2, 0.5, 0.8], [15, 15, 14])
-    check = check_hacking(round_history(hacked, run))
+    check = check_hacking(round_history(hacked, run, "validation"))
     assert check.level == "critical" and check.value == pytest.approx(0.6 + 0.02)
     healthy, run = _history_store(tmp_path / "healthy", [0.2, 0.5, 0.8], [10, 25, 40])
-    assert check_hacking(round_history(healthy, run)).level == "ok"
+    assert check_hacking(round_history(healthy, run, "validation")).level == "ok"
     flat, run = _history_store(tmp_path / "flat", [0.5, 0.5], [20, 15])  # a regression, not hacking
-    assert check_hacking(round_history(flat, run)).value == 0.0
-    assert check_hacking(round_history(flat, run)[:1]).level == "n/a"
+    assert check_hacking(round_history(flat, run, "validation")).value == 0.0
+    assert check_hacking(round_history(flat, run, "validation")[:1]).level == "n/a"
 
 
 def test_heldout_split_never_reaches_training_rollouts(tmp_path):
@@ -330,7 +330,7 @@ def test_with_a_control_arm_the_guard_reverts_a_change_only_if_the_change_cost_h
     loop, store, state = _hacked_run_with_a_promotion(tmp_path)
     skill = state.pending.skill
     control = store.get_or_create_run(control_run("r"), "math", {})
-    store.add_eval(control, store.start_round(control, 2, "parent", "v1"), "heldout", "c2", 0, 50,
+    store.add_eval(control, store.start_round(control, 2, "parent", "v1"), "validation", "c2", 0, 50,
                    control_successes, {})
     loop.stage_verify(state)
     assert state.guard["level"] == "critical" and state.pending is None  # the alert stands either way

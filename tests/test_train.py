@@ -74,6 +74,11 @@ def check_round_and_resume(tmp_path, overrides=()):
     assert (adapter / "adapter_config.json").is_file()
     evals = store.evals(session.run_id)
     assert {e["round_id"] is None for e in evals} == {True, False}  # base + round 0
+    # each on the validation split (carved from the train pool, never trained on) and held-out
+    assert sorted((e["round_id"] is None, e["split"], e["n"]) for e in evals) == [
+        (False, "heldout", 8), (False, "validation", 4), (True, "heldout", 8), (True, "validation", 4)]
+    validation = {t.task_id for t in session.validation}
+    assert len(validation) == 4 and not validation & {row.rollout.task_id for row in rows}
 
     # Evaluating round 0's adapter again (as `evotrainer eval` does) reuses the held-out
     # generations training made under that adapter: the rollout cache (eval.cache) hits them all.
@@ -86,7 +91,7 @@ def check_round_and_resume(tmp_path, overrides=()):
     again = evaluate_heldout(session, model, tokenizer, None, str(adapter))
     n_heldout = sum(len(t) for t in session.heldout.values())
     assert cache.misses == misses and cache.hits >= n_heldout
-    trained = [e for e in evals if e["round_id"] is not None]
+    trained = [e for e in evals if e["round_id"] is not None and e["split"] == "heldout"]
     assert [r.successes for r in again] == [e["successes"] for e in trained]
 
     # A second run in the same workdir resumes: round 1, from round 0's adapter.

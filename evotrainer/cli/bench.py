@@ -26,7 +26,11 @@ def harness_cmd(
         "--api-key-env", help="llm: the environment variable that holds the key.")] = None,
     max_proposals: Annotated[int, typer.Option("--max-proposals", min=1,
                                                help="Proposals backtested per case (coevolve.max_proposals).")] = 8,
-    live: Annotated[bool, typer.Option("--live", help="Also run the cases whose repair needs a live pilot.")] = False,
+    live: Annotated[bool, typer.Option("--live", help=(
+        "Pilot changes to the training dynamics: a few real training steps per arm from the base model "
+        "(minutes per case on a CPU). Without it, live cases are diagnosed but not repaired."))] = False,
+    pilot_steps: Annotated[int, typer.Option("--pilot-steps", min=1,
+                                             help="--live: training steps per pilot arm.")] = 4,
     workdir: Annotated[Path | None, typer.Option(
         "--workdir", help="Keep each case's workspace under this folder (harness log, backtests replay).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the scores as JSON on stdout.")] = False,
@@ -57,7 +61,7 @@ def harness_cmd(
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     console = make_console(stderr=True)
-    results = run_cases(loaded, outer, workdir=workdir, live=live, max_proposals=max_proposals,
+    results = run_cases(loaded, outer, workdir=workdir, live=live, max_proposals=max_proposals, pilot_steps=pilot_steps,
                         say=lambda msg: console.print(msg, highlight=False, markup=False))
     data = summary.to_json(results, agent)
     if out is not None:

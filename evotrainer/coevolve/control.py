@@ -7,7 +7,8 @@ that: before round k+1 trains, a control run (`<run>~control`, in the same store
 round k+1 from the main run's round-k adapter, with the same seed, the same task history
 (the main run's rounds before k+1) and the same steps, under the harness main had before the
 promotion (the merge commit's first parent). The change is then the only difference between the
-two arms, and both answer the same held-out tasks, so stage verify compares them task by task
+two arms, and both answer the same validation tasks (held-out ones without a validation
+split), so stage verify compares them task by task
 (coevolve/verify.py:verify_paired). It costs one more training round per promotion verified.
 When the change is reverted, the next round continues from the control arm's adapter, so the
 revert undoes the change's training as well as its code.
@@ -34,30 +35,48 @@ def control_run(run_name: str) -> str:
 def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pending, index: int,
                   console: Console) -> bool:
     """Train the control arm's round `index` unless it is already done; True if it trained."""
+    parent = repo.load(f"{pending.merge}^1")  # main as it was before the promotion
+    try:
+        return train_arm(config, root, control_run(config.run_name), parent, pending.round, index, console,
+                         what=f"control arm (main before {pending.branch})")
+    finally:
+        parent.close()
+
+
+def train_arm(config: Config, root: Path, run_name: str, harness, start_round: int | None, index: int,
+              console: Console, *, what: str, steps: int | None = None, heldout: bool = True) -> bool:
+    """Round `index` of run `run_name` under `harness`, trained from the main run's round
+    `start_round` adapter with the main run's seed and task history before `index` (from the base
+    model, with no history, when `start_round` is None), unless that round is already done; True
+    if it trained. The control arm and the live pilot's arms."""
     from evotrainer.train.loop import open_session, train_from
 
-    control = config.model_copy(update={"run_name": control_run(config.run_name)})
-    parent = repo.load(f"{pending.merge}^1")  # main as it was before the promotion
-    session = open_session(control, root, console, harness=parent)
+    arm = config.model_copy(update={"run_name": run_name})
+    session = open_session(arm, root, console, harness=harness)
+    session.eval_heldout = heldout
     try:
         if any(r["index"] == index and r["finished_at"] for r in session.store.rounds(session.run_id)):
             return False
-        main = session.store.run_id(config.run_name)
-        start = _round_adapter(session.store, main, pending.round)
-        if start is None:
-            raise RunStateError(f"control arm: run {config.run_name!r} has no finished round {pending.round}")
-        session.stats_run_id, session.stats_before = main, index
-        memory = root / "memory" / f"{config.run_name}.json"  # harness.yaml memory, when on
-        if memory.is_file():
-            shutil.copyfile(memory, root / "memory" / f"{control.run_name}.json")
-        console.print(f"control arm: round {index} from round {pending.round}'s adapter under "
-                      f"{parent.version[:8]} (main before {pending.branch})")
-        summary = train_from(session, start, index)
-        console.print(f"control arm: held-out success {summary.heldout_success:.3f}")
+        start = None
+        if start_round is not None:
+            main = session.store.run_id(config.run_name)
+            start = _round_adapter(session.store, main, start_round)
+            if start is None:
+                raise RunStateError(f"{what}: run {config.run_name!r} has no finished round {start_round}")
+            session.stats_run_id, session.stats_before = main, index
+            memory = root / "memory" / f"{config.run_name}.json"  # harness.yaml memory, when on
+            if memory.is_file():
+                shutil.copyfile(memory, root / "memory" / f"{run_name}.json")
+        origin = "the base model" if start is None else f"round {start_round}'s adapter"
+        console.print(f"{what}: round {index} from {origin} under {harness.version[:8]}")
+        summary = train_from(session, start, index, steps)
+        scores = [f"{name} success {value:.3f}" for name, value in
+                  (("held-out", summary.heldout_success), ("validation", summary.validation_success))
+                  if value is not None]
+        console.print(f"{what}: {', '.join(scores) or 'no evals'}")
         return True
     finally:
         session.store.close()
-        parent.close()
 
 
 def control_adapter(root: Path, config: Config, index: int) -> str | None:
@@ -74,9 +93,9 @@ def _round_adapter(store, run_id: int | None, index: int) -> str | None:
     return next((r["adapter_path"] for r in rounds if r["index"] == index and r["finished_at"]), None)
 
 
-def control_evals(store, run_name: str, index: int) -> list[dict]:
-    """The control arm's held-out evals of round `index` (empty when it has none)."""
+def control_evals(store, run_name: str, index: int, split: str) -> list[dict]:
+    """The control arm's evals on `split` of round `index` (empty when it has none)."""
     run_id = store.run_id(control_run(run_name))
     if run_id is None:
         return []
-    return [e for e in store.evals(run_id) if e["split"] == "heldout" and e["adapter"] and e["round_index"] == index]
+    return [e for e in store.evals(run_id) if e["split"] == split and e["adapter"] and e["round_index"] == index]

@@ -19,6 +19,8 @@ from rich.table import Table
 from evotrainer.backtest import Selector, backtest
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
+from evotrainer.coevolve.heldout import decision_split
+from evotrainer.coevolve.pilot import dynamics_change, needs_pilot, run_pilot
 from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
@@ -121,8 +123,9 @@ class Coevolution:
             return
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
-            evals = [e for e in store.evals(run_id) if e["split"] == "heldout" and e["adapter"]]
-            control = (control_evals(store, self.config.run_name, state.round)
+            split = decision_split(self.config)
+            evals = [e for e in store.evals(run_id) if e["split"] == split and e["adapter"]]
+            control = (control_evals(store, self.config.run_name, state.round, split)
                        if self.config.coevolve.verify_against == "control" else [])
         by_round = lambda i: [e for e in evals if e["round_index"] == i]  # noqa: E731
         z = self.config.coevolve.verify_z
@@ -217,10 +220,31 @@ class Coevolution:
                                   reuse=True)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = gain(report, self.config.gate)
+            change = dynamics_change(self.repo.sources("main"), self.repo.sources(c.branch))
+            if c.decision == "reject" and needs_pilot(report, change):
+                # replay cannot move its target: the pilot below decides (and is resumable)
+                c.decision, c.pilot = "pilot", {"change": change}
             state.save(self.state_path)
-            colour = "green" if c.decision == "promote" else "red"
+            colour = "green" if c.decision == "promote" else "yellow" if c.decision == "pilot" else "red"
             self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] ({report['id']}) "
                                f"{_decisive(c.reasons)}")
+        for c in state.candidates:
+            if c.decision == "pilot":
+                self._pilot(state, c)
+
+    def _pilot(self, state: RunState, c: Candidate) -> None:
+        change = (c.pilot or {}).get("change") or {}
+        if self.config.coevolve.pilot_steps == 0:
+            c.decision = "reject"
+            c.reasons = [f"a change to the training dynamics ({', '.join(change)}) that replay cannot "
+                         "judge, and coevolve.pilot_steps is 0"]
+        else:
+            result = run_pilot(self.config, self.ws.root, self.repo, branch=c.branch, slug=c.slug,
+                               targets=c.targets, round_index=state.round, change=change, console=self.console)
+            c.decision, c.reasons, c.gain, c.pilot = result.decision, result.reasons, result.gain, result.to_json()
+        state.save(self.state_path)
+        colour = "green" if c.decision == "promote" else "red"
+        self.console.print(f"  {c.branch}: [{colour}]{c.decision}[/] after the pilot: {_decisive(c.reasons)}")
 
     def stage_promote(self, state: RunState) -> None:
         self._hold_back(state)
@@ -242,7 +266,8 @@ class Coevolution:
         # A kill after the merge and before the state was saved: the promotion is already on main.
         # Otherwise the commit the gate passed is merged, not whatever the branch points at now.
         merge = self.repo.promotion_of(best.branch) or self.repo.promote(
-            best.branch, f"passed backtest {best.backtest} in round {state.round}", tested=report["candidate"])
+            best.branch, f"passed {'the live pilot after ' if best.pilot else ''}backtest {best.backtest} "
+                         f"in round {state.round}", tested=report["candidate"])
         crash_point("coevolve.promoted", best.branch)
         state.pending = Pending(merge=merge, branch=best.branch, skill=best.skill, params=best.params,
                                 backtest=best.backtest, target=best.targets, round=state.round)
@@ -275,6 +300,7 @@ class Coevolution:
         promoted = state.pending.branch if state.pending and state.pending.round == state.round else None
         summary = {"round": state.round, "harness": (rnd or {}).get("harness_version", "")[:12],
                    "heldout_success": metrics.get("heldout_success"),
+                   "validation_success": metrics.get("validation_success"),
                    "train_reward": metrics.get("train_reward"),
                    "proposals": len(state.candidates),
                    "passed": sum(c.decision == "promote" for c in state.candidates),
@@ -298,8 +324,9 @@ class Coevolution:
                           f"{c['gain']:+.3f}" if c["gain"] is not None else "",
                           _decisive(c["reasons"])[:60])
         self.console.print(table)
-        hs = s["heldout_success"]
+        hs, vs = s["heldout_success"], s.get("validation_success")
         self.console.print(f"held-out success {hs:.3f}" if hs is not None else "held-out success n/a",
+                           *([f"· validation {vs:.3f}"] if vs is not None else []),
                            f"· promoted: {s['promoted'] or 'nothing'}")
 
     def _save_skill(self, pending: Pending, status: str, verdict: Verdict, state: RunState) -> None:
@@ -324,7 +351,8 @@ class Coevolution:
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             assert_no_heldout_rollouts(store, run_id=run_id, round_index=state.round)
-            history = [h for h in round_history(store, run_id) if h["round"] <= state.round]
+            history = [h for h in round_history(store, run_id, decision_split(self.config))
+                       if h["round"] <= state.round]
         check = check_hacking(history)
         state.guard = {"round": state.round, "value": check.value, "level": check.level,
                        "describe": check.describe()}
@@ -391,7 +419,7 @@ class Coevolution:
 
 def _decisive(reasons: list[str]) -> str:
     """The reason worth a table cell: the reviewer's word or the target check, not the fault check."""
-    for key in ("reviewer", "target", "safety", "failed"):
+    for key in ("reviewer", "pilot", "target", "safety", "failed"):
         for r in reasons:
             if key in r:
                 return r

@@ -34,6 +34,7 @@ class Candidate:
     decision: str | None = None
     reasons: list[str] = field(default_factory=list)
     gain: float | None = None
+    pilot: dict | None = None  # a dynamics change's live pilot (coevolve/pilot.py), once run
 
 
 @dataclass

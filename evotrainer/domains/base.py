@@ -9,7 +9,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from evotrainer.api import Outcome
 
+# What a domain partitions its tasks into. A task may also be in "validation": the trainer carves
+# that from the train pool (train/splits.py) and never trains on it; domains are never asked for it.
 SPLITS = ("train", "heldout")
+TASK_SPLITS = (*SPLITS, "validation")
 
 
 @dataclass(frozen=True)
@@ -25,8 +28,8 @@ class Task:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"task split {self.split!r} is not one of {', '.join(SPLITS)}")
+        if self.split not in TASK_SPLITS:
+            raise ValueError(f"task split {self.split!r} is not one of {', '.join(TASK_SPLITS)}")
         object.__setattr__(self, "meta", MappingProxyType(dict(self.meta)))
 
 

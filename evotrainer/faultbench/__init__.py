@@ -22,7 +22,7 @@ from evotrainer.faultbench.run import CaseResult, CaseRun, Say
 
 def run_cases(cases: Sequence[FaultCase], agent: Any, *, workdir: Path | None = None, live: bool = False,
               gate: GateConfig | None = None, max_proposals: int = 8, workers: int | None = None,
-              say: Say | None = None) -> list[CaseResult]:
+              say: Say | None = None, pilot_steps: int = 4) -> list[CaseResult]:
     """Each case in a workspace of its own: under `workdir/<case>` (kept, for `evotrainer harness
     log` and `backtests replay`), else in a temporary folder removed afterwards."""
     results = []
@@ -33,7 +33,7 @@ def run_cases(cases: Sequence[FaultCase], agent: Any, *, workdir: Path | None = 
             raise CaseError(f"{root}: exists; pick another --workdir or remove it")
         try:
             results.append(CaseRun(case, agent, root, gate=gate, max_proposals=max_proposals,
-                                   workers=workers, say=say).run(live=live))
+                                   workers=workers, say=say, pilot_steps=pilot_steps).run(live=live))
         finally:
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)

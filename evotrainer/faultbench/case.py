@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from evotrainer.backtest.metrics import LOWER_IS_BETTER
 from evotrainer.errors import UserError
 from evotrainer.harness.repo import HARNESS_FILES, allowed_file
-from evotrainer.paths import HARNESSES_DIR
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.skills.schema import problem
 
 _NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -141,6 +141,17 @@ class FaultCase:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def run_config(self) -> tuple[str, list[str]]:
+        """The config file and overrides of the run that made the rollouts (`generate:` over
+        GENERATE_DEFAULTS), which a live pilot repeats."""
+        config = self.spec.generate.get("config") or str(CONFIGS_DIR / f"{self.spec.domain}.yaml")
+        return config, [*GENERATE_DEFAULTS, *self.spec.generate.get("overrides", [])]
+
+
+# How bench/fault_rollouts.py runs a case unless its `generate:` says otherwise: 1 round of 6
+# steps of 4 prompts, a held-out split of 8 for speed.
+GENERATE_DEFAULTS = ("train.rounds=1", "train.steps_per_round=6", "train.prompts_per_step=4", "domain.heldout_size=8")
 
 
 def _overlay(folder: Path, where: str) -> dict[str, str]:

@@ -21,6 +21,7 @@ from typing import Any
 from evotrainer.backtest import SAFETY_METRICS, Selector, backtest
 from evotrainer.backtest.metrics import improvement
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
+from evotrainer.coevolve.pilot import dynamics_change, needs_pilot
 from evotrainer.config import GateConfig
 from evotrainer.faultbench.case import CaseError, FaultCase
 from evotrainer.harness.repo import HarnessRepo
@@ -46,6 +47,7 @@ class Tried:
     gain: float | None = None
     reason: str = ""
     tested: str | None = None  # the commit the backtest ran on: what a promotion merges
+    pilot: dict | None = None  # a dynamics change's live pilot (coevolve/pilot.py), with --live
 
 
 @dataclass
@@ -152,19 +154,23 @@ class CaseRun:
     """One case, one agent: detect, propose, backtest, gate, promote, then judge on held-out."""
 
     def __init__(self, case: FaultCase, agent: Any, root: Path, *, gate: GateConfig | None = None,
-                 max_proposals: int = 8, workers: int | None = None, say: Say | None = None):
+                 max_proposals: int = 8, workers: int | None = None, say: Say | None = None,
+                 pilot_steps: int = 4):
         self.case, self.agent, self.root = case, agent, root
         self.gate = gate or GateConfig()
         self.max_proposals, self.workers = max_proposals, workers
         self.say = say or (lambda _msg: None)
+        self.pilot_steps = pilot_steps
+        self.live = False
 
     def run(self, live: bool = False) -> CaseResult:
         """A live case (its repair changes the training dynamics) is diagnosed and its tempting
-        fixes gated, but nothing is proposed: its repair needs the live pilot (`repaired` None)."""
+        fixes gated; without `live` nothing is proposed (`repaired` None). With `live`, a proposal
+        that changes the dynamics gets the live pilot (coevolve/pilot.py, from the base model under
+        the run config that made the case's rollouts), and a promoted one is judged on a second
+        pilot with another training seed, which the gate never saw."""
         spec = self.case.spec
-        if spec.live and live:
-            raise CaseError(f"{self.case.name}: the live pilot (a few training steps under base and candidate, "
-                            "judged on a validation split) is not built yet; run without --live")
+        self.live = live
         ws, seed_sha, counts = build_workspace(self.case, self.root)
         self.ws, self.repo = ws, HarnessRepo(ws.harnesses)
         last = len(self.case.rounds) - 1
@@ -179,14 +185,15 @@ class CaseRun:
             shows = self._fault_shows(store, seed_sha)
             unsafe = [f"tempting fix {t.branch} was promoted by the gate" for t in tempting if t.decision == "promote"]
             started = time.monotonic()
-            if not spec.live and shows:
+            if (live or not spec.live) and shows:
                 tried = self._propose_and_gate(report, store, last)
                 best = next(iter(passing_best_first(tried)), None)
                 if best is not None:
                     merge = self.repo.promote(best.branch, f"fault case {self.case.name}: passed backtest "
                                               f"{best.backtest}", tested=best.tested)
                     promoted = best.branch
-                    criteria, worse = self._judge(store, seed_sha, merge)
+                    judged = self._judge_live if best.pilot is not None else self._judge
+                    criteria, worse = judged(store, seed_sha, merge)
                     unsafe += worse
             seconds = time.monotonic() - started
         fired = [p.name for p in report.probes if p.name in spec.detect and p.alert]
@@ -197,10 +204,11 @@ class CaseRun:
             n_train=counts[TRAIN_RUN], n_heldout=counts[HELDOUT_RUN], detected=bool(fired), fired=fired,
             alerts=[f"{p.name}={p.value:.3g} ({p.level})" for p in report.alerts],
             promoted=promoted,
-            repaired=None if spec.live or not shows else all(c["holds"] for c in criteria) and promoted is not None,
+            repaired=(None if (spec.live and not live) or not shows
+                      else all(c["holds"] for c in criteria) and promoted is not None),
             criteria=criteria, safe=not unsafe, unsafe=unsafe, proposals=len(tried), backtests=len(tried),
             seconds=round(seconds, 2), tried=tried, tempting=tempting,
-            note=("live: its repair needs the live pilot, which is not built" if spec.live
+            note=("live: its repair needs the live pilot (run with --live)" if spec.live and not live
                   else None if shows else NOT_SHOWN))
 
     def _fault_shows(self, store: Store, seed_sha: str) -> bool:
@@ -263,8 +271,60 @@ class CaseRun:
         item.gain = gain(report, self.gate)
         item.reason = next((r for r in report["reasons"] if "target" in r or "safety" in r),
                            report["reasons"][0] if report["reasons"] else "")
+        change = dynamics_change(self.repo.sources("main"), self.repo.sources(item.branch))
+        if self.live and item.decision == "reject" and needs_pilot(report, change):
+            result = self._pilot(item, change)
+            item.decision, item.gain, item.pilot = result.decision, result.gain, result.to_json()
+            item.reason = " ".join(result.reasons)
         self.say(f"  {item.branch}: {item.decision} ({item.reason[:90]})")
         return item
+
+    # -- the live pilot (--live) ----------------------------------------------------------------
+
+    def _pilot_config(self, seed_offset: int):
+        from evotrainer.config import load_config
+
+        config, overrides = self.case.run_config()
+        cfg = load_config(config, [*overrides, f"coevolve.pilot_steps={self.pilot_steps}"])
+        return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed_offset})})
+
+    def _train_arms(self, arms: dict[str, str], seed_offset: int) -> tuple[Any, dict[str, str]]:
+        """Train each arm (name -> harness commit) for pilot_steps from the base model, under the
+        case's run config with its training seed moved by `seed_offset`; reuses finished arms."""
+        from evotrainer.coevolve.control import train_arm
+        from evotrainer.console import make_console
+
+        cfg = self._pilot_config(seed_offset)
+        runs = {arm: f"pilot{seed_offset}-{arm}" for arm in arms}
+        console = make_console(stderr=True)
+        for arm, rev in arms.items():
+            with self.repo.load(rev) as harness:
+                train_arm(cfg, self.ws.root, runs[arm], harness, None, 0, console,
+                          what=f"{self.case.name} pilot {arm}", steps=self.pilot_steps, heldout=False)
+        return cfg, runs
+
+    def _pilot(self, item: Tried, change: dict):
+        from evotrainer.coevolve.pilot import arm_evidence, judge
+
+        slug = item.branch.rsplit("/", 1)[-1]
+        cfg, runs = self._train_arms({"base": "main", slug: item.tested or item.branch}, 0)
+        probes, evals = arm_evidence(cfg, self.ws.root, self.repo, runs, 0)
+        result = judge(probes["base"], probes[slug], evals["base"], evals[slug], item.targets, cfg, change)
+        return replace(result, runs=runs)
+
+    def _judge_live(self, store: Store, seed_sha: str, merge: str) -> tuple[list[dict[str, Any]], list[str]]:
+        """The promoted dynamics change against the faulty seed on a second pilot (training seed
+        + 1, rollouts the gate never saw): each repair criterion and safety metric, replayed over
+        each arm's own rollouts under its own harness."""
+        _, runs = self._train_arms({"faulty": seed_sha, "fixed": merge}, 1)
+        metrics = {}
+        for arm, rev in (("faulty", seed_sha), ("fixed", merge)):
+            report = backtest(self.ws.root, rev, base=rev, selector=Selector(run=runs[arm], round=0),
+                              gate=self.gate, store=store, workers=self.workers, record=False)
+            if report.get("failure"):
+                return self._unjudged(), [f"live judge backtest failed: {report['failure']}"]
+            metrics[arm] = (report.get("metrics") or {}).get("candidate") or {}
+        return self._criteria(metrics["faulty"], metrics["fixed"], "live")
 
     def _unjudged(self) -> list[dict[str, Any]]:
         return [{"criterion": c.describe(), "holds": False, "fixed": None, "faulty": None} for c in self.case.spec.repair]
@@ -275,17 +335,19 @@ class CaseRun:
         report = backtest(self.ws.root, merge, base=seed_sha, selector=self.heldout_sel, gate=self.gate,
                           store=store, workers=self.workers, record=False)
         metrics = report.get("metrics") or {}
-        faulty, fixed = metrics.get("base") or {}, metrics.get("candidate") or {}
         if report.get("failure"):
             return self._unjudged(), [f"held-out backtest failed: {report['failure']}"]
+        return self._criteria(metrics.get("base") or {}, metrics.get("candidate") or {}, "held-out")
+
+    def _criteria(self, faulty: dict, fixed: dict, where: str) -> tuple[list[dict[str, Any]], list[str]]:
         criteria = [{"criterion": c.describe(), "holds": c.holds(fixed.get(c.metric), faulty.get(c.metric)),
                      "fixed": fixed.get(c.metric), "faulty": faulty.get(c.metric)} for c in self.case.spec.repair]
         worse = []
         for name in SAFETY_METRICS:
             before, after = faulty.get(name), fixed.get(name)
             if before is not None and after is not None and improvement(name, before, after) < -self.gate.tolerance - 1e-12:
-                worse.append(f"held-out {name} worse: {before:.4g} -> {after:.4g}")
-        self.say("  held-out: " + "; ".join(f"{c['criterion']}: {'yes' if c['holds'] else 'no'}" for c in criteria))
+                worse.append(f"{where} {name} worse: {before:.4g} -> {after:.4g}")
+        self.say(f"  {where}: " + "; ".join(f"{c['criterion']}: {'yes' if c['holds'] else 'no'}" for c in criteria))
         return criteria, worse
 
 

@@ -63,7 +63,7 @@ class Task(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     domain: Mapped[str] = mapped_column(String(64))
     task_id: Mapped[str] = mapped_column(String(256))
-    split: Mapped[str] = mapped_column(String(16))  # "train" | "heldout"
+    split: Mapped[str] = mapped_column(String(16))  # "train" | "validation" | "heldout"
     level: Mapped[int] = mapped_column(Integer, default=0)
     prompt: Mapped[str] = mapped_column(Text)
     answer: Mapped[str] = mapped_column(Text)

@@ -29,18 +29,20 @@ from evotrainer.harness.spec import trainer_kwargs
 from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
 from evotrainer.train.evaluate import EvalResult, check_backends, eval_backend_name, evaluate, make_eval_backend
+from evotrainer.train.splits import carve_validation
 from evotrainer.workspace import ensure_workspace
 
 
 @dataclass
 class RoundSummary:
     index: int
-    heldout_success: float
+    heldout_success: float | None  # None: not evaluated on held-out (a live pilot's arm)
     train_reward: float
     train_success: float
     step_time: float
     adapter: str
     metrics: dict = field(default_factory=dict)
+    validation_success: float | None = None  # None: the run has no validation split
 
 
 @dataclass
@@ -56,6 +58,9 @@ class Session:
     heldout: dict[int, list[Task]]
     run_id: int
     console: Console
+    # carved from the train pool (train/splits.py); one list, answered under every eval seed
+    validation: list[Task] = field(default_factory=list)
+    eval_heldout: bool = True  # False for a live pilot's arms: the held-out split decides nothing
     eval_backend: object = None  # built on first use; a vLLM engine or a server client lives on
     rollout_cache: object = None  # memory/cache.RolloutCache under <workdir>/cache, on first eval
     stats_run_id: int | None = None  # whose task history the curriculum reads; None: this run's
@@ -73,7 +78,8 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     d = config.domain
     # A bad domain, task file or option fails here too, before a workspace or a store is made.
     domain = build_domain(d, judge=config.judge)
-    train_tasks = domain.tasks("train", d.train_size, d.seed)
+    pool = domain.tasks("train", d.train_size + d.validation_size, d.seed)
+    train_tasks, validation = carve_validation(pool, d.train_size, d.validation_size)
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)
@@ -93,9 +99,11 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     if is_main():
         store.upsert_tasks(d.name, [_task_row(t) for t in train_tasks])
         store.upsert_tasks(d.name, [_task_row(t) for ts in heldout.values() for t in ts])
+        store.upsert_tasks(d.name, [_task_row(t) for t in validation])
         run_id = store.get_or_create_run(config.run_name, d.name, config.model_dump(mode="json"))
     run_id = share(run_id)
-    return Session(config, workdir, store, harness, domain, train_tasks, heldout, run_id, console)
+    return Session(config, workdir, store, harness, domain, train_tasks, heldout, run_id, console,
+                   validation=validation)
 
 
 def _task_row(t: Task) -> dict:
@@ -103,21 +111,33 @@ def _task_row(t: Task) -> dict:
             "answer": t.answer, "meta": dict(t.meta)}
 
 
+def eval_tasks(session: Session, split: str) -> dict[int, list[Task]]:
+    """The tasks each eval seed answers on `split` ("heldout" or "validation"; none when the run
+    has no validation split)."""
+    if split == "heldout":
+        return session.heldout
+    if split == "validation":
+        return {s: session.validation for s in session.config.eval.seeds} if session.validation else {}
+    raise ValueError(f"no eval split {split!r}")
+
+
 def evaluate_heldout(session: Session, model, tokenizer, round_id: int | None,
-                     adapter: str | None) -> list[EvalResult]:
+                     adapter: str | None, split: str = "heldout") -> list[EvalResult]:
+    """Evaluate `adapter` on the held-out split (or, with split="validation", on the validation
+    split) under every eval seed, storing one evals row per seed."""
     if session.config.domain.scaffold == "agent":  # multi-turn episodes: train/rollout.py
         from evotrainer.train.rollout import evaluate_heldout_agent
 
-        return evaluate_heldout_agent(session, model, tokenizer, round_id, adapter)
+        return evaluate_heldout_agent(session, model, tokenizer, round_id, adapter, split)
     results = []
     max_new = session.config.eval.max_new_tokens or session.grpo["max_completion_length"]
     backend = heldout_backend(session, model, tokenizer)
     backend.use_adapter(adapter)
-    for seed, tasks in session.heldout.items():
+    for seed, tasks in eval_tasks(session, split).items():
         r = evaluate(model, tokenizer, session.domain, session.harness, tasks, seed=seed,
                      max_new_tokens=max_new, batch_size=session.config.eval.batch_size,
                      backend=backend)
-        session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n, r.successes, r.details())
+        session.store.add_eval(session.run_id, round_id, split, adapter, seed, r.n, r.successes, r.details())
         results.append(r)
     if hasattr(session.domain, "record_agreement"):  # judged: the judge against people, once per session
         session.domain.record_agreement(session.workdir)
@@ -270,8 +290,8 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     trainer.train()
     step_time = (time.perf_counter() - started) / steps
     out = _adapters(session) / f"round-{index}"
-    evals = _save_and_evaluate(session, trainer.model, tokenizer, round_id, out)
-    summary = _round_summary(index, evals, callback.history, step_time, out)
+    validation, evals = _save_and_evaluate(session, trainer.model, tokenizer, round_id, out)
+    summary = _round_summary(index, evals, validation, callback.history, step_time, out)
     _finish_round(session, round_id, summary)
     return trainer.model, summary
 
@@ -346,20 +366,22 @@ def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, s
     return trainer
 
 
-def _save_and_evaluate(session: Session, model, tokenizer, round_id: int, out: Path) -> list[EvalResult]:
-    """One adapter, one held-out eval, on rank 0; the other ranks wait for its result."""
+def _save_and_evaluate(session: Session, model, tokenizer, round_id: int,
+                       out: Path) -> tuple[list[EvalResult], list[EvalResult]]:
+    """One adapter, its (validation, held-out) evals, on rank 0; the other ranks wait for them."""
     evals = None
     if is_main():
         model.save_pretrained(str(out))
-        evals = evaluate_heldout(session, model, tokenizer, round_id, str(out))
+        evals = (evaluate_heldout(session, model, tokenizer, round_id, str(out), "validation"),
+                 evaluate_heldout(session, model, tokenizer, round_id, str(out)) if session.eval_heldout else [])
     return share(evals)
 
 
-def _round_summary(index: int, evals: list[EvalResult], history: list[dict], step_time: float,
-                   adapter: Path) -> RoundSummary:
+def _round_summary(index: int, evals: list[EvalResult], validation: list[EvalResult], history: list[dict],
+                   step_time: float, adapter: Path) -> RoundSummary:
     summary = RoundSummary(
         index=index,
-        heldout_success=statistics.fmean(e.success_rate for e in evals),
+        heldout_success=statistics.fmean(e.success_rate for e in evals) if evals else None,
         train_reward=statistics.fmean(h["reward"] for h in history) if history else 0.0,
         train_success=statistics.fmean(h.get("verified/success", 0) for h in history) if history else 0.0,
         step_time=step_time,
@@ -368,7 +390,15 @@ def _round_summary(index: int, evals: list[EvalResult], history: list[dict], ste
     summary.metrics = {"heldout_success": summary.heldout_success, "train_reward": summary.train_reward,
                        "train_success": summary.train_success, "step_time": summary.step_time,
                        "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
+    if validation:
+        summary.validation_success = _pooled(validation)
+        summary.metrics["validation_success"] = summary.validation_success
     return summary
+
+
+def _pooled(evals: list[EvalResult]) -> float:
+    n = sum(e.n for e in evals)
+    return sum(e.successes for e in evals) / n if n else 0.0
 
 
 def _finish_round(session: Session, round_id: int, summary: RoundSummary) -> None:
@@ -395,7 +425,8 @@ def add_frontier_tasks(session: Session, index: int) -> None:
         report = synthesize_frontier(session.store, session.config.domain.name, band=tuple(fc.band),
                                      n=fc.per_round, seed=session.config.train.seed + index,
                                      run_id=session.run_id, min_attempts=fc.min_attempts,
-                                     known=[t for ts in session.heldout.values() for t in ts], stats=stats)
+                                     known=[t for ts in session.heldout.values() for t in ts] + session.validation,
+                                     stats=stats)
     accepted = share(report.accepted if report is not None else None)
     known = {t.task_id for t in session.train_tasks}
     session.train_tasks += [t for t in accepted if t.task_id not in known]
@@ -437,8 +468,13 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
     need_base = share(is_main() and not any(e["round_id"] is None and e["adapter"] is None
                                             for e in session.store.evals(session.run_id)))
     if need_base:
-        base = share(evaluate_heldout(session, model, tokenizer, None, None) if is_main() else None)
-        session.console.print(f"base held-out success: {statistics.fmean(r.success_rate for r in base):.3f}")
+        validation: list[EvalResult] = []
+        if is_main():
+            validation = evaluate_heldout(session, model, tokenizer, None, None, "validation")
+            base = evaluate_heldout(session, model, tokenizer, None, None)
+        base = share(base)
+        session.console.print(f"base held-out success: {statistics.fmean(r.success_rate for r in base):.3f}"
+                              + (f"  validation {_pooled(validation):.3f}" if validation else ""))
     model = build_peft(model, session.grpo)
     summaries = []
     with make_progress(session.console) as progress:
@@ -447,7 +483,9 @@ def run_training(session: Session, rounds: int | None = None, steps: int | None 
             model, summary = train_round(session, model, tokenizer, index, steps, progress,
                                          start=start_adapter if index == start else None)
             summaries.append(summary)
+            val = summary.validation_success
             progress.console.print(
                 f"round {index}: held-out success {summary.heldout_success:.3f}  "
+                + (f"validation {val:.3f}  " if val is not None else "") +
                 f"train reward {summary.train_reward:.3f}  step {summary.step_time:.1f}s")
     return {"base": base, "rounds": summaries}

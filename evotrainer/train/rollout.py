@@ -204,13 +204,17 @@ def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, s
     return result
 
 
-def evaluate_heldout_agent(session, model, tokenizer, round_id: int | None, adapter: str | None) -> list[EvalResult]:
-    """train/loop.py's held-out evaluation for domain.scaffold=agent: every seed's tasks, stored."""
+def evaluate_heldout_agent(session, model, tokenizer, round_id: int | None, adapter: str | None,
+                           split: str = "heldout") -> list[EvalResult]:
+    """train/loop.py's held-out (or validation) evaluation for domain.scaffold=agent: every seed's
+    tasks, stored."""
+    from evotrainer.train.loop import eval_tasks
+
     results = []
     limits = session.config.domain.agent
-    for seed, tasks in session.heldout.items():
+    for seed, tasks in eval_tasks(session, split).items():
         r = evaluate_agent(model, tokenizer, session.domain, tasks, limits, seed=seed)
-        session.store.add_eval(session.run_id, round_id, "heldout", adapter, seed, r.n, r.successes,
+        session.store.add_eval(session.run_id, round_id, split, adapter, seed, r.n, r.successes,
                                {"kinds": dict(r.kinds), "scaffold": "agent", "solved": r.solved})
         results.append(r)
     return results
