@@ -5,7 +5,7 @@ Where the two eval splits are used, and only there: the evals after each round (
 rows, never rollouts). The validation split (carved from the train pool, train/splits.py)
 decides: the live verification of a promotion (verify.py), the control arm's comparison and the
 reward-hacking score read it (`decision_split`). The held-out split then decides nothing and
-stays an honest final measure; only a run with domain.validation_size=0 decides on it. Training
+stays an honest final measure; only a run without validation evals decides on it. Training
 draws from the train split only, the curriculum sees train tasks only, and the gate replays
 stored rollouts, which are training rollouts; `assert_no_heldout_rollouts` checks that the
 rollouts a round or a backtest uses hold no held-out or validation task, and `assert_disjoint`
@@ -31,7 +31,6 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from evotrainer.config import Config
 from evotrainer.domains.base import Task
 from evotrainer.errors import EvotrainerError
 from evotrainer.frontier.validate import prompt_hash
@@ -45,9 +44,11 @@ class HeldoutLeak(EvotrainerError, AssertionError):
     """A held-out or validation task reached training or the gate."""
 
 
-def decision_split(config: Config) -> str:
-    """The eval split coevolve decides on: "validation" when the run carves one, else "heldout"."""
-    return "validation" if config.domain.validation_size > 0 else "heldout"
+def decision_split(evals: Iterable[Mapping]) -> str:
+    """The eval split coevolve decides on, from a run's evals: "validation" when the run has
+    validation evals, else "heldout" (domain.validation_size 0, or a train pool too small to carve
+    one from; the session says so when it opens)."""
+    return "validation" if any(e["split"] == "validation" for e in evals) else "heldout"
 
 
 def assert_disjoint(train: Iterable[Task], heldout: Iterable[Task]) -> None:

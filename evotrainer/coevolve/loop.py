@@ -123,8 +123,9 @@ class Coevolution:
             return
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
-            split = decision_split(self.config)
-            evals = [e for e in store.evals(run_id) if e["split"] == split and e["adapter"]]
+            evals = store.evals(run_id)
+            split = decision_split(evals)
+            evals = [e for e in evals if e["split"] == split and e["adapter"]]
             control = (control_evals(store, self.config.run_name, state.round, split)
                        if self.config.coevolve.verify_against == "control" else [])
         by_round = lambda i: [e for e in evals if e["round_index"] == i]  # noqa: E731
@@ -351,7 +352,7 @@ class Coevolution:
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             assert_no_heldout_rollouts(store, run_id=run_id, round_index=state.round)
-            history = [h for h in round_history(store, run_id, decision_split(self.config))
+            history = [h for h in round_history(store, run_id, decision_split(store.evals(run_id)))
                        if h["round"] <= state.round]
         check = check_hacking(history)
         state.guard = {"round": state.round, "value": check.value, "level": check.level,

@@ -27,7 +27,6 @@ from typing import Any
 from rich.console import Console
 
 from evotrainer.coevolve.control import train_arm
-from evotrainer.coevolve.heldout import decision_split
 from evotrainer.coevolve.verify import verify_paired
 from evotrainer.config import Config
 from evotrainer.harness.repo import HarnessRepo
@@ -91,15 +90,14 @@ def run_pilot(config: Config, root: Path, repo: HarnessRepo, *, branch: str, slu
 def arm_evidence(config: Config, root: Path, repo: HarnessRepo, runs: Mapping[str, str],
                  index: int) -> tuple[dict[str, dict], dict[str, list]]:
     """Each arm's probes (main's diagnostics over its round-`index` training rollouts: one probe
-    code measures every arm) and its evals on the deciding split; `runs`: arm -> run name."""
+    code measures every arm) and its validation evals; `runs`: arm -> run name."""
     from evotrainer.diagnose import health_report
 
-    split = decision_split(config)
     with Store.open(root, config.store.url) as store:
         evals, rows = {}, {}
         for arm, run_name in runs.items():
             run_id = store.run_id(run_name)
-            evals[arm] = [e for e in store.evals(run_id) if e["split"] == split and e["round_index"] == index]
+            evals[arm] = [e for e in store.evals(run_id) if e["split"] == "validation" and e["round_index"] == index]
             rows[arm] = list(store.iter_rollouts(run_id=run_id, round_index=index))
     with repo.load("main") as harness:
         probes = {arm: {p.name: p for p in health_report(harness, arm_rows).probes} for arm, arm_rows in rows.items()}
@@ -113,7 +111,7 @@ def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_e
     what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
     if not base_evals or not cand_evals:
         return PilotResult("reject", [f"pilot ({what}): an arm has no validation evals "
-                                      "(domain.validation_size is 0?)"], target, None, None, "", None, change)
+                                      "(domain.validation_size 0, or a train pool too small to carve one)"], target, None, None, "", None, change)
     verdict = verify_paired(base_evals, cand_evals, config.coevolve.verify_z)
     if target is None:
         return PilotResult("reject", [f"pilot ({what}): its Targets ({targets!r}) name no probe of the "

@@ -80,6 +80,10 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
     domain = build_domain(d, judge=config.judge)
     pool = domain.tasks("train", d.train_size + d.validation_size, d.seed)
     train_tasks, validation = carve_validation(pool, d.train_size, d.validation_size)
+    if d.validation_size and len(validation) < d.validation_size:
+        console.print(f"[yellow]the train pool holds {len(pool)} task(s): a validation split of "
+                      f"{len(validation)} (domain.validation_size {d.validation_size})"
+                      + ("; the held-out split decides instead" if not validation else ""))
     heldout = {s: domain.tasks("heldout", d.heldout_size, s) for s in config.eval.seeds}
     workdir.mkdir(parents=True, exist_ok=True)
     store = Store.open(workdir, config.store.url)

@@ -14,23 +14,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from evotrainer.domains.base import Task
-from evotrainer.errors import UserError
-
-
-class SplitError(UserError, ValueError):
-    """The train pool is too small to carve a validation split from."""
 
 
 def carve_validation(pool: list[Task], train_size: int, validation_size: int) -> tuple[list[Task], list[Task]]:
     """(train, validation) from a draw of up to `train_size + validation_size` train tasks. From a
-    pool that came up short, validation takes at most a quarter (at least one task) and training
-    keeps the rest."""
-    if validation_size <= 0:
-        return pool[:train_size], []
+    pool that came up short, validation takes at most a quarter of it (none from fewer than four
+    tasks: then the held-out split decides, and the session says so) and training the rest."""
     wanted = train_size + validation_size
-    n_val = validation_size if len(pool) >= wanted else min(validation_size, max(1, len(pool) // 4))
-    if len(pool) - n_val < 1:
-        raise SplitError(f"the train pool holds {len(pool)} task(s): too few to carve a validation "
-                         f"split of {n_val} and still train (lower domain.validation_size, or 0 for none)")
+    n_val = validation_size if len(pool) >= wanted else min(validation_size, len(pool) // 4)
+    if n_val <= 0:
+        return pool[:train_size], []
     train, validation = pool[:len(pool) - n_val], pool[len(pool) - n_val:]
     return train[:train_size], [replace(t, split="validation") for t in validation]
