@@ -210,6 +210,7 @@ class Coevolution:
 
     def stage_backtest(self, state: RunState) -> None:
         selector = Selector(run=self.config.run_name, round=state.round)
+        main = self.repo.sources("main")  # read once: every candidate is compared with it
         for c in state.candidates:
             if c.backtest is not None:
                 continue
@@ -221,7 +222,7 @@ class Coevolution:
                                   reuse=True)
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = gain(report, self.config.gate)
-            change = dynamics_change(self.repo.sources("main"), self.repo.sources(c.branch))
+            change = dynamics_change(main, self.repo.sources(c.branch))
             if c.decision == "reject" and needs_pilot(report, change):
                 # replay cannot move its target: the pilot below decides (and is resumable)
                 c.decision, c.pilot = "pilot", {"change": change}
