@@ -6,12 +6,17 @@ time excludes model loading and held-out evaluation. Prints per scaffold: second
 outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout.
 
     python bench/agent_step.py [--steps 1] [--set domain.agent.max_turns=4 ...]
+
+The settings are pinned to the ones this bench has always measured (levels 0-1, 4 generations at
+temperature 1.0, 128 tokens, no gradient checkpointing), so its figures stay comparable while the
+swe default (configs/swe.yaml, harnesses/swe) moves.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 from collections import Counter
@@ -22,7 +27,22 @@ from rich.console import Console
 from evotrainer.cli.main import quiet_libraries
 from evotrainer.config import load_config
 from evotrainer.console import make_console
-from evotrainer.paths import CONFIGS_DIR
+from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
+from evotrainer.skills import set_yaml_key
+
+PINNED = {"grpo.num_generations": 4, "grpo.temperature": 1.0, "grpo.max_completion_length": 128}
+PINNED_CONFIG = ["domain.levels=[0,1]", "domain.options.heldout_fraction=0.2", "train.gradient_checkpointing=false"]
+
+
+def pinned_harness(folder: Path) -> Path:
+    """The seed swe harness with PINNED's knobs."""
+    shutil.copytree(HARNESSES_DIR / "swe", folder)
+    spec = folder / "harness.yaml"
+    text = spec.read_text()
+    for key, value in PINNED.items():
+        text = set_yaml_key(text, key, value)
+    spec.write_text(text)
+    return folder
 
 
 def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
@@ -31,8 +51,10 @@ def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console:
     from evotrainer.train.loop import build_peft, open_session, train_round
     from evotrainer.train.progress import make_progress
 
-    cfg = load_config(CONFIGS_DIR / "swe.yaml", [f"domain.scaffold={scaffold}", "domain.heldout_size=1",
-                                                 "train.prompts_per_step=1", f"run_name=bench-{scaffold}", *overrides])
+    harness = pinned_harness(workdir.parent / f"harness-{scaffold}")
+    cfg = load_config(CONFIGS_DIR / "swe.yaml", [*PINNED_CONFIG, f"harness={harness}", f"domain.scaffold={scaffold}",
+                                                 "domain.heldout_size=1", "train.prompts_per_step=1",
+                                                 f"run_name=bench-{scaffold}", *overrides])
     session = open_session(cfg, workdir, console)
     model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
     model = build_peft(model, session.grpo)

@@ -118,7 +118,7 @@ def test_agent_scaffold_is_swe_only():
 
     cfg = load_config(CONFIGS_DIR / "swe.yaml", ["domain.scaffold=agent", "domain.agent.max_turns=3"])
     assert cfg.domain.scaffold == "agent" and cfg.domain.agent.max_turns == 3
-    assert load_config(CONFIGS_DIR / "swe.yaml").domain.scaffold == "edit"
+    assert load_config(CONFIGS_DIR / "swe.yaml").domain.scaffold == "line"
     with pytest.raises(ConfigError, match="scaffold 'agent' is for the swe domain"):
         load_config(CONFIGS_DIR / "math.yaml", ["domain.scaffold=agent"])
 

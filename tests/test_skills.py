@@ -70,7 +70,18 @@ CASES = [(s.name, p) for s in LIB for p in s.grid_points()]
 # The dynamics skills put a knob back to the seed's value: they change the harness of the fault
 # case they repair (its harness.yaml), not the seed.
 FAULT_CASE = {"raise-temperature": "math-temperature-duplicates", "lower-learning-rate": "math-lr-collapse",
-              "more-generations": "math-few-generations"}
+              "more-generations": "math-few-generations", "longer-completions": "math-truncation-cuts-successes"}
+
+
+def test_longer_completions_never_shortens_the_limit() -> None:
+    skill = LIB.get("longer-completions")
+    case = (FAULT_CASES_DIR / "math-truncation-cuts-successes" / "harness" / "harness.yaml").read_text()
+    limit = lambda text: yaml.safe_load(text)["grpo"]["max_completion_length"]  # noqa: E731
+    assert limit(case) == 12
+    assert [limit(skill.render({**MATH, "harness.yaml": case}, {"length": n})["harness.yaml"]) for n in (64, 256)] == [64, 256]
+    long = set_yaml_key(MATH["harness.yaml"], "grpo.max_completion_length", 128)
+    # At or under the current limit the render changes nothing, so the rules agent skips it.
+    assert skill.render({**MATH, "harness.yaml": long}, {"length": 64}) == {"harness.yaml": long}
 
 
 @pytest.mark.parametrize("name,params", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])

@@ -113,9 +113,11 @@ def coevolve(
 ):
     """Co-evolve policy and harness: train, verify, diagnose, propose, backtest, promote.
 
-    Each round trains under the harness at `main`, checks last round's promotion on held-out
-    verified success (reverting it if that regressed beyond noise), diagnoses the round's
-    rollouts, backtests every proposal on them, and promotes at most one through the gate.
+    Each round trains under the harness at `main`, checks last round's promotion on verified
+    success on the validation split against a control arm (reverting it if that regressed beyond
+    noise), diagnoses the round's rollouts, backtests every proposal on them (a change to the
+    training dynamics also gets a short live pilot), and promotes at most one through the gate.
+    The held-out split decides nothing: it is the final measure.
     """
     from evotrainer.coevolve import Coevolution
 
