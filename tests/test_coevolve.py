@@ -50,12 +50,14 @@ def seed_round(workdir: Path, run: str = "tiny", url: str | None = None) -> tupl
 
 def plain_config(tmp_path: Path):
     """The tiny config over a correctness-only seed (the math seed with its format weight at 0),
-    so that seed_round's dead groups are dead and partial credit can rescue them."""
+    so that seed_round's dead groups are dead and partial credit can rescue them. seed_round's
+    rollouts are written, not trained, so there is no adapter to pilot from: pilot_steps 0
+    rejects the dynamics changes (longer-completions fires on its truncations) instead."""
     plain = tmp_path / "plain-seed"
     shutil.copytree(HARNESSES_DIR / "math", plain)
     yaml_file = plain / "harness.yaml"
     yaml_file.write_text(yaml_file.read_text().replace("format: 0.1", "format: 0.0"))
-    return load_config(TINY, [f"harness={plain}"])
+    return load_config(TINY, [f"harness={plain}", "coevolve.pilot_steps=0"])
 
 
 @pytest.fixture
