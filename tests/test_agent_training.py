@@ -156,7 +156,8 @@ def test_one_grpo_step_with_the_agent_scaffold(task_file, tmp_path, embedded_mod
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     cfg = load_config(CONFIGS_DIR / "swe.yaml", [
-        f"domain.source={task_file}", "domain.levels=[0]", "domain.train_size=1", "domain.heldout_size=1",
+        f"domain.source={task_file}", "domain.levels=[0]", "domain.options.heldout_fraction=0.2",  # _instance_ids
+        "domain.train_size=1", "domain.heldout_size=1", "train.prompts_per_step=1",  # one train task
         "domain.scaffold=agent", "domain.agent.max_turns=2", "domain.agent.max_new_tokens=8",
         f"harness={_test_harness(tmp_path / 'harness')}", "run_name=agent-step"])
     session = open_session(cfg, tmp_path / "work")
