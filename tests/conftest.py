@@ -20,6 +20,16 @@ def _quiet():
     quiet_libraries()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tmp_keeps_its_mode():
+    """No test, and no sandbox a test starts, may change the mode of the shared /tmp (a sandbox
+    clean-up once made it 0700 and locked the PostgreSQL tests' server user out of it)."""
+    before = os.stat("/tmp").st_mode
+    yield
+    after = os.stat("/tmp").st_mode
+    assert after == before, f"/tmp changed mode during the tests: {oct(before)} -> {oct(after)}"
+
+
 @pytest.fixture
 def artifacts_dir() -> Path:
     path = Path(os.environ.get("EVOTRAINER_TEST_ARTIFACTS", "test-artifacts"))

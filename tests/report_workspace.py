@@ -43,7 +43,10 @@ def plain_config(tmp: Path):
     shutil.copytree(HARNESSES_DIR / "math", plain)
     spec = plain / "harness.yaml"
     spec.write_text(spec.read_text().replace("format: 0.1", "format: 0.0"))
-    return load_config(CONFIGS_DIR / "math-tiny.yaml", [f"harness={plain}", "coevolve.max_proposals=2"])
+    # The rounds below are written, not trained, so there is no adapter to pilot from: with
+    # pilot_steps 0 the gate rejects dynamics changes (longer-completions) instead.
+    return load_config(CONFIGS_DIR / "math-tiny.yaml", [f"harness={plain}", "coevolve.max_proposals=3",
+                                                        "coevolve.pilot_steps=0"])
 
 
 def build_workspace(tmp: Path, rounds: int = 3) -> Path:

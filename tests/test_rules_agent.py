@@ -98,7 +98,10 @@ def test_severity_orders_proposals_and_no_op_points_are_skipped() -> None:
     proposals = agent.propose(evidence(report), MATH, lib)
     first_warn = next(i for i, p in enumerate(proposals) if "(warn;" in p.diagnosis)
     assert all("(critical;" in p.diagnosis for p in proposals[:first_warn])
-    assert {p.skill for p in proposals[:first_warn]} == {"mask-truncated", "overlong-penalty"}
+    # Truncation fires three skills: two replayable ones and longer-completions (a piloted
+    # change to the sampling length).
+    assert {p.skill for p in proposals[:first_warn]} == {"mask-truncated", "overlong-penalty",
+                                                         "longer-completions"}
     # Once a grid point is in the harness, proposing it again changes nothing and is skipped;
     # the skill's other grid points remain as retunings.
     applied = next(p for p in proposals if p.skill == "mask-truncated")

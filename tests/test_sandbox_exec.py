@@ -7,7 +7,10 @@ Isolation that depends on the kernel (namespaces, cgroups, a fresh uid) is asser
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import stat
+import subprocess
 import sys
 import threading
 import time
@@ -91,6 +94,29 @@ def test_copy_is_removed_even_when_the_code_fights_it(src, monkeypatch):
     with pytest.raises(SandboxError):
         run_sandboxed(["no-such-command-xyz"], src=src)
     assert len(made) == 3 and not any(os.path.exists(p) for p in made)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_a_copy_that_cannot_be_removed_leaves_its_parent_alone(tmp_path):
+    """Seen in CI: a sandbox folder whose removal failed made /tmp 0700, and the PostgreSQL
+    tests' initdb (another user) could no longer reach its own folder under /tmp. Here a mount
+    inside the tree (in a private mount namespace) makes the removal fail for real."""
+    parent = tmp_path / "parent"
+    tree = parent / "evo-sbx-test"
+    (tree / "busy").mkdir(parents=True)
+    parent.chmod(0o1777)
+    code = ("import ctypes, sys; from pathlib import Path; from evotrainer.sandbox.run import _rmtree\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "assert libc.mount(b'none', b'/', None, (1 << 14) | (1 << 18), None) == 0  # MS_REC | MS_PRIVATE\n"
+            "assert libc.mount(b'tmpfs', sys.argv[1].encode() + b'/busy', b'tmpfs', 0, None) == 0\n"
+            "_rmtree(Path(sys.argv[1]))\n"
+            "assert Path(sys.argv[1]).exists()  # the mount kept it\n")
+    done = subprocess.run(["unshare", "-m", PY, "-c", code, str(tree)], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode != 0 and "unshare failed" in done.stderr:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o1777
 
 
 def test_environment_is_scrubbed(monkeypatch):

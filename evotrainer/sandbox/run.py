@@ -354,11 +354,18 @@ def _chown_tree(root: Path, uid: int) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    """Remove a tree whatever the command did to it (chmod 000, read-only files)."""
+    """Remove a tree whatever the command did to it (chmod 000, read-only files).
+
+    Only modes inside the tree are changed: when the top itself cannot be removed, its parent
+    (/tmp for a sandbox's work folder) keeps its mode. Making /tmp 0700 once locked every other
+    user out of it (the test PostgreSQL server's initdb among them)."""
+    top = os.path.abspath(path)
 
     def fix(func, p, exc_info):
         try:
-            os.chmod(os.path.dirname(p), 0o700)
+            parent = os.path.dirname(os.path.abspath(p))
+            if parent == top or parent.startswith(top + os.sep):
+                os.chmod(parent, 0o700)
             if not os.path.islink(p):
                 os.chmod(p, 0o700)
             func(p)
