@@ -88,6 +88,52 @@ def test_gate_promotes_one_candidate_with_evidence(loop):
     assert len([c for c in log if c.subject.startswith("Promote")]) == 1  # at most one per round
 
 
+def test_a_round_records_what_each_stage_cost(loop, capsys):
+    """Each stage's wall seconds go to coevolve.json's history and the round's store metrics, and
+    `evotrainer status` and the report show them."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.main import app
+    from evotrainer.report.gather import rounds as report_rounds
+
+    store, run_id, _ = seed_round(loop.ws.root)
+    store.close()
+    state = _state(loop, stage="verify")
+    loop.run_round(state)
+    stages = state.history[-1]["stage_seconds"]
+    assert set(stages) == {"verify", "diagnose", "propose", "backtest", "promote"}
+    assert all(v >= 0 for v in stages.values()) and stages["backtest"] > 0
+    assert state.stage_seconds == {}  # the next round starts its own account
+    with Store.open(loop.ws.root) as store:
+        [rnd] = store.rounds(run_id)
+        assert rnd["metrics"]["stage_seconds"] == pytest.approx(stages)
+        [row] = report_rounds(store, RunState.load(loop.state_path))
+    assert row["cost"].startswith(f"{int(sum(stages.values()) // 60)}m") and "backtest" in row["cost"]
+    out = CliRunner().invoke(app, ["status", "--workdir", str(loop.ws.root)])
+    assert out.exit_code == 0, out.output
+    assert "round cost" in out.output and "backtest" in out.output
+
+
+def test_a_stage_is_charged_without_the_parts_it_timed_itself(loop):
+    """A stage that times a part under its own name (the control arm, evaluation, a pilot) is
+    charged only for the rest, so the parts add up to the round's wall time."""
+    import time
+
+    from evotrainer.coevolve.loop import _add_seconds
+
+    state = RunState(run="tiny", domain="math")
+
+    def stage(s):
+        time.sleep(0.05)
+        started = time.perf_counter()
+        time.sleep(0.2)  # the part
+        _add_seconds(s, "control", time.perf_counter() - started)
+
+    loop._timed(state, "train", stage)
+    assert 0.2 <= state.stage_seconds["control"] < 1.0
+    assert 0.045 < state.stage_seconds["train"] < 0.2
+
+
 def test_approve_no_keeps_main_unchanged(tmp_path):
     """--approve: the CLI prompt shows the diff and the backtest, and a typed "n" blocks promotion."""
     from evotrainer.cli.main import _ask_approval

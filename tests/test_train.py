@@ -72,6 +72,10 @@ def check_round_and_resume(tmp_path, overrides=()):
         assert len(adv) == g and abs(sum(adv)) < 1e-3
     adapter = Path(result["rounds"][0].adapter)
     assert (adapter / "adapter_config.json").is_file()
+    # the round's cost by part: the steps, then saving and evaluating the adapter
+    [metrics] = [r["metrics"] for r in store.rounds(session.run_id)]
+    assert metrics["train_seconds"] > 0 and metrics["eval_seconds"] > 0
+    assert metrics["train_seconds"] == pytest.approx(2 * metrics["step_time"])
     evals = store.evals(session.run_id)
     assert {e["round_id"] is None for e in evals} == {True, False}  # base + round 0
     # each on the validation split (carved from the train pool, never trained on) and held-out

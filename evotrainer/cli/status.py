@@ -37,6 +37,7 @@ def _memory_line(path: Path) -> str:
 def status_cmd(workdir: Path | None = WorkdirOpt):
     """Show where the workspace's run stands: the co-evolution round and stage, the last
     finished round's metrics, a promotion waiting for verification, and this round's candidates."""
+    from evotrainer.coevolve.state import describe_cost
     from evotrainer.report.gather import load_state
     from evotrainer.store import Store
     from evotrainer.workspace import Workspace
@@ -84,6 +85,14 @@ def status_cmd(workdir: Path | None = WorkdirOpt):
         table.add_row(*(_fmt(metrics.get(k)) for k in ("heldout_success", "train_reward", "train_success",
                                                        "step_time")))
         out.print(table)
+        if metrics.get("stage_seconds") and not (state is not None and state.history):
+            out.print(describe_cost(metrics["stage_seconds"]))
+    if state is not None and state.history and state.history[-1].get("stage_seconds"):
+        h = state.history[-1]
+        out.print(f"round {h['round']}: {describe_cost(h['stage_seconds'])}")
+    if state is not None and state.stage_seconds:
+        out.print(Text(f"round {state.round} so far ({state.stage} next): "
+                       + describe_cost(state.stage_seconds).split(": ", 1)[1], style="dim"))
     if state is not None and state.candidates:
         table = Table(title=f"round {state.round} candidates", title_justify="left")
         for col in ("branch", "targets", "backtest", "decision", "first reason"):

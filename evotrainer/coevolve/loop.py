@@ -9,6 +9,7 @@ by default with a control arm trained without the change (coevolve/control.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -21,7 +22,7 @@ from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
 from evotrainer.coevolve.control import control_adapter, control_evals, train_control
 from evotrainer.coevolve.heldout import decision_split
 from evotrainer.coevolve.pilot import dynamics_change, needs_pilot, run_pilot
-from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError
+from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError, describe_cost
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
 from evotrainer.console import make_console
@@ -89,7 +90,7 @@ class Coevolution:
             if name == "train" or is_main():
                 self.console.rule(f"[bold]round {k} · {name}")
                 crash_point("coevolve.stage", name)
-                fn(state)
+                self._timed(state, name, fn)
             nxt = names[names.index(name) + 1] if name != "promote" else "done"
             if is_main():
                 state.advance(nxt, self.state_path)
@@ -99,6 +100,15 @@ class Coevolution:
         if not is_main():  # take up the round as rank 0 left it (promotions, next round number)
             vars(state).update(vars(RunState.load(self.state_path)))
 
+    def _timed(self, state: RunState, name: str, fn: Callable[[RunState], None]) -> None:
+        """Run a stage and add its wall seconds to the round's cost, less what its parts (the
+        control arm, evaluation, pilots) recorded under their own names while it ran."""
+        before = sum(state.stage_seconds.values())
+        started = time.perf_counter()
+        fn(state)
+        parts = sum(state.stage_seconds.values()) - before
+        state.stage_seconds[name] = state.stage_seconds.get(name, 0.0) + time.perf_counter() - started - parts
+
     # -- stages ------------------------------------------------------------------------------
 
     def stage_train(self, state: RunState) -> None:
@@ -106,12 +116,16 @@ class Coevolution:
 
         if state.pending is not None and self.config.coevolve.verify_against == "control":
             # Before the main round: the control arm reads the main run's history up to here.
+            started = time.perf_counter()
             train_control(self.config, self.ws.root, self.repo, state.pending, state.round, self.console)
+            _add_seconds(state, "control", time.perf_counter() - started)
         session = open_session(self.config, self.ws.root, self.console)
         last = session.store.last_finished_round(session.run_id)
         done = last[0] if last else -1
         if done < state.round:
             run_training(session, rounds=state.round - done, start_adapter=state.start_adapter)
+            rnd = next((r for r in session.store.rounds(session.run_id) if r["index"] == state.round), None)
+            _add_seconds(state, "evaluation", ((rnd or {}).get("metrics") or {}).get("eval_seconds") or 0.0)
         session.store.close()
         state.start_adapter = None
 
@@ -241,8 +255,10 @@ class Coevolution:
             c.reasons = [f"a change to the training dynamics ({', '.join(change)}) that replay cannot "
                          "judge, and coevolve.pilot_steps is 0"]
         else:
+            started = time.perf_counter()
             result = run_pilot(self.config, self.ws.root, self.repo, branch=c.branch, slug=c.slug,
                                targets=c.targets, round_index=state.round, change=change, console=self.console)
+            _add_seconds(state, "pilot", time.perf_counter() - started)
             c.decision, c.reasons, c.gain, c.pilot = result.decision, result.reasons, result.gain, result.to_json()
         state.save(self.state_path)
         colour = "green" if c.decision == "promote" else "red"
@@ -298,6 +314,8 @@ class Coevolution:
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             rnd = next((r for r in store.rounds(run_id) if r["index"] == state.round), None)
+            if rnd is not None and state.stage_seconds:  # the round's cost sits beside its results
+                store.merge_round_metrics(rnd["id"], {"stage_seconds": dict(state.stage_seconds)})
         metrics = (rnd or {}).get("metrics") or {}
         promoted = state.pending.branch if state.pending and state.pending.round == state.round else None
         summary = {"round": state.round, "harness": (rnd or {}).get("harness_version", "")[:12],
@@ -308,12 +326,14 @@ class Coevolution:
                    "passed": sum(c.decision == "promote" for c in state.candidates),
                    "promoted": promoted,
                    "verified": state.verdict,
+                   "stage_seconds": dict(state.stage_seconds),
                    "candidates": [asdict(c) for c in state.candidates]}
         state.history.append(summary)
         self._print_summary(summary)
         state.round += 1
         state.candidates = []
         state.verdict = None
+        state.stage_seconds = {}
         state.advance("train", self.state_path)
 
     def _print_summary(self, s: dict) -> None:
@@ -330,6 +350,8 @@ class Coevolution:
         self.console.print(f"held-out success {hs:.3f}" if hs is not None else "held-out success n/a",
                            *([f"· validation {vs:.3f}"] if vs is not None else []),
                            f"· promoted: {s['promoted'] or 'nothing'}")
+        if s.get("stage_seconds"):
+            self.console.print(describe_cost(s["stage_seconds"]))
 
     def _save_skill(self, pending: Pending, status: str, verdict: Verdict, state: RunState) -> None:
         from evotrainer.skills import SkillLibrary, save_learned
@@ -417,6 +439,10 @@ class Coevolution:
                 expected=f"alert when verified failures earn training reward, as under {pending.branch}")
             branch, tested = cand.branch, cand.sha
         self.repo.promote(branch, "diagnostics revision after a live contradiction", tested=tested)
+
+
+def _add_seconds(state: RunState, stage: str, seconds: float) -> None:
+    state.stage_seconds[stage] = state.stage_seconds.get(stage, 0.0) + seconds
 
 
 def _decisive(reasons: list[str]) -> str:

@@ -65,6 +65,10 @@ class RunState:
     start_adapter: str | None = None
     # This round's verdict on the last round's promotion: {branch, kept, describe, skill}
     verdict: dict[str, Any] | None = None
+    # This round's wall seconds by stage (train, control, evaluation, verify, diagnose, propose,
+    # backtest, pilot, promote), saved as each stage ends; a stage a kill interrupted counts
+    # only the run that finished it.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> RunState | None:
@@ -82,3 +86,11 @@ class RunState:
         assert stage in STAGES, stage
         self.stage = stage
         self.save(path)
+
+
+def describe_cost(stage_seconds: dict[str, float]) -> str:
+    """'round cost 4m 05s: train 180s, evaluation 41s, ...', largest part first."""
+    total = sum(stage_seconds.values())
+    parts = ", ".join(f"{name} {sec:.0f}s" for name, sec in
+                      sorted(stage_seconds.items(), key=lambda kv: kv[1], reverse=True))
+    return f"round cost {int(total // 60)}m {total % 60:02.0f}s: {parts}"

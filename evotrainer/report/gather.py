@@ -86,8 +86,22 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
             "n_rollouts": h.get("n_rollouts", 0),
             "promoted": (hist or {}).get("promoted"), "proposals": (hist or {}).get("proposals"),
             "passed": (hist or {}).get("passed"),
+            "cost": _cost(metrics),
         })
     return out
+
+
+def _cost(metrics: dict[str, Any]) -> str | None:
+    """The round's wall time by part: the outer loop's stages for a co-evolution round, else the
+    training steps and the evaluation a plain round timed."""
+    from evotrainer.coevolve.state import describe_cost
+
+    stages = metrics.get("stage_seconds")
+    if not stages and metrics.get("train_seconds") is not None:
+        stages = {"train": metrics["train_seconds"], "evaluation": metrics.get("eval_seconds") or 0.0}
+    if not stages or not isinstance(stages, dict):
+        return None
+    return describe_cost({str(k): float(v) for k, v in stages.items()}).removeprefix("round cost ")
 
 
 def base_success(store: Store) -> dict[str, float]:

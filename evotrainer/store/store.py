@@ -301,6 +301,12 @@ class Store(LessonRows, ReplayReads, ViewReads):
             rnd = self._get(s, Round, round_id)
             rnd.finished_at, rnd.metrics, rnd.adapter_path = utcnow(), metrics, adapter_path
 
+    def merge_round_metrics(self, round_id: int, extra: dict) -> None:
+        """Add keys to a round's metrics (the outer loop's stage costs, after training wrote its own)."""
+        with self._session.begin() as s:
+            rnd = self._get(s, Round, round_id)
+            rnd.metrics = {**(rnd.metrics or {}), **extra}
+
     def last_finished_round(self, run_id: int) -> tuple[int, str | None] | None:
         with self._session() as s:
             row = s.execute(

@@ -293,9 +293,13 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
     started = time.perf_counter()
     trainer.train()
     step_time = (time.perf_counter() - started) / steps
+    trained = time.perf_counter()
     out = _adapters(session) / f"round-{index}"
     validation, evals = _save_and_evaluate(session, trainer.model, tokenizer, round_id, out)
     summary = _round_summary(index, evals, validation, callback.history, step_time, out)
+    # what the round cost, by part: the steps, then saving the adapter and evaluating it
+    summary.metrics["train_seconds"] = trained - started
+    summary.metrics["eval_seconds"] = time.perf_counter() - trained
     _finish_round(session, round_id, summary)
     return trainer.model, summary
 
