@@ -116,6 +116,35 @@ def run(ws, branch: str, **kwargs):
         return backtest(ws.root, branch, store=store, selector=Selector(run="default", round=0), **kwargs)
 
 
+HASH_NOISE = SEED_REWARD_HEAD.replace("from evotrainer.api import Rollout", "import hashlib\n\nfrom evotrainer.api import Rollout") + \
+    '        "spread": 1.5 * hashlib.sha256(rollout.completion.encode()).digest()[0] / 255.0,\n    }\n'
+
+
+def test_a_bonus_that_outranks_success_is_caught_in_groups_without_one(tmp_path: Path):
+    """Seen in the harness-fault benchmark (swe-sparse-dead-groups): over rollouts with no
+    success at all, a hash-noise bonus revives every dead group and breaks no real success-failure
+    order, so ordering_violations cannot see that it pays a failure more than a success. Each
+    failure rescored as a success can: the gate rejects the bonus and passes partial credit."""
+    ws = workspace(tmp_path / "work")
+    rows = []
+    for g in range(6):  # every answer wrong, half of them at least a number: no success anywhere
+        kinds = [("wrong", 10 + k, False) for k in range(4)] + [("format_error", 14 + k, False) for k in range(4)]
+        rows += [rollout(f"rescue{g}", k, *spec, completion=f"Answer: {g}{k}") for k, spec in enumerate(kinds)]
+    with Store.open(ws.root) as store:
+        store.add_rollouts(rows)
+        noise = backtest(ws.root, propose(ws, "hash-noise", HASH_NOISE), store=store)
+        partial = backtest(ws.root, propose(ws, "partial-credit", PARTIAL_CREDIT), store=store)
+    base, cand = noise["metrics"]["base"], noise["metrics"]["candidate"]
+    assert base["dead_group_ratio"] == 1.0 and cand["dead_group_ratio"] == 0.0
+    assert cand["ordering_violations"] == base["ordering_violations"] == 0.0  # no success, no pair
+    assert base["counterfactual_violations"] == 0.0
+    assert cand["counterfactual_violations"] > 0.05
+    assert noise["decision"] == "reject"
+    assert any("counterfactual_violations worsened" in r for r in noise["reasons"])
+    assert partial["metrics"]["candidate"]["counterfactual_violations"] == 0.0  # 1.0 as a success beats 0.3
+    assert partial["decision"] == "promote", partial["reasons"]
+
+
 def test_gate_rejects_length_bonus_that_ranks_failures_above_successes(ws):
     branch = propose(ws, "length-bonus", LENGTH_BONUS)
     report = run(ws, branch)
@@ -303,12 +332,15 @@ def test_metrics_match_hand_computation(tmp_path: Path):
     assert out.failure is None
     b, c = out.metrics["base"], out.metrics["candidate"]
     assert b == {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "ordering_violations": 0.0,
-                 "proxy_auc": 1.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
+                 "counterfactual_violations": 0.0, "proxy_auc": 1.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
                  "mean_tokens": 10.0, "n_rollouts": 8, "n_groups": 2, "errors": 0,
                  "sampled_dead_group_ratio": None}  # no run and round: no task history to weigh by
     assert c["dead_group_ratio"] == 0.5  # group b: every reward 0.5
     assert c["effective_data_ratio"] == 2 / 8  # only a1 and a2 are kept and carry an advantage
     assert c["ordering_violations"] == 1 / 4  # a1 (wrong, 2.0) above a0 (ok, 1.0)
+    # Length pays whatever the outcome: a2 (empty, 0 tokens) rescored as a success still earns 0.0,
+    # below a1's 2.0. Pairs: 2 in group a (two failures), 12 in group b (four, all 0.5: no order).
+    assert c["counterfactual_violations"] == 1 / 14
     assert c["proxy_auc"] == 11 / 12  # a0 ties with nothing, beats 5 of 6 failures; a3 beats all
     assert c["false_drop_rate"] == 1.0  # a0 cut by stop(), a3 dropped by keep_rollout()
     assert c["hacking_reward_mass"] == 0.5 / 4.0  # b0 (tampering flag) of the kept positive reward

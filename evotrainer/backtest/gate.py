@@ -162,7 +162,7 @@ def _needed(name: str, gate: GateConfig) -> float:
 
 
 def _safety_check(name: str, base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig) -> Check:
-    if base[name] is None or cand[name] is None:
+    if base.get(name) is None or cand.get(name) is None:  # also: a report from before the metric existed
         return Check(f"safety:{name}", True, f"safety {name} is undefined on these rollouts")
     loss = -improvement(name, base[name], cand[name])
     ok = loss <= gate.tolerance + _SLACK

@@ -19,6 +19,12 @@ by the harness's `stop`:
   over all rollouts
 - ordering_violations: within-group (verified success, verified failure) pairs where the failure
   has the strictly higher training reward, over all such pairs
+- counterfactual_violations: within-group (failure rescored as a verified success, another
+  failure) pairs where the other failure has the strictly higher training reward, over all such
+  pairs. ordering_violations needs a success and a failure in one group; this asks, of every
+  failure, what the reward would pay had it succeeded, so it sees a reward that can rank a
+  failure above a success in groups that hold no success at all (all-fail groups, where a
+  bonus for noise breaks no real success-failure order)
 - proxy_auc: AUC of training reward against verified success, ties count 0.5 (None with one class)
 - false_drop_rate: verified successes not kept, over all verified successes
 - hacking_reward_mass: positive training reward on kept rollouts that trusted checks flag
@@ -42,6 +48,7 @@ LOWER_IS_BETTER = {
     "sampled_dead_group_ratio": True,
     "effective_data_ratio": False,
     "ordering_violations": True,
+    "counterfactual_violations": True,
     "proxy_auc": False,
     "false_drop_rate": True,
     "hacking_reward_mass": True,
@@ -49,7 +56,8 @@ LOWER_IS_BETTER = {
 }
 METRICS = tuple(LOWER_IS_BETTER)
 COUNTS = ("n_rollouts", "n_groups", "errors")
-SAFETY_METRICS = ("ordering_violations", "false_drop_rate", "proxy_auc", "hacking_reward_mass")
+SAFETY_METRICS = ("ordering_violations", "counterfactual_violations", "false_drop_rate", "proxy_auc",
+                  "hacking_reward_mass")
 DEFAULT_TARGETS = ("dead_group_ratio", "effective_data_ratio", "proxy_auc")
 FLAGGED_KINDS = frozenset({"tampering", "empty"})
 
@@ -118,6 +126,8 @@ class Tally:
     false_drops: int = 0
     kept: int = 0
     kept_tokens: int = 0
+    cf_pairs: int = 0
+    cf_violations: int = 0
     positive_reward: ExactSum = field(default_factory=ExactSum)
     flagged_reward: ExactSum = field(default_factory=ExactSum)
     auc: dict[float, list[int]] = field(default_factory=dict)  # reward -> [successes, failures]
@@ -127,10 +137,13 @@ class Tally:
 
     def add_group(self, rewards: Sequence[float], advantages: Sequence[float],
                   success: Sequence[bool], flagged: Sequence[bool], tokens: Sequence[int],
-                  kept: Sequence[bool], weight: float | None = None) -> None:
+                  kept: Sequence[bool], weight: float | None = None,
+                  counterfactual: Sequence[float | None] | None = None) -> None:
         """One group: training rewards and advantages, verified outcome facts, the harness's
-        keep decisions (filters and stop already combined), and its curriculum weight (the
-        importance ratio of its task, when the backtest knows the history it was drawn from)."""
+        keep decisions (filters and stop already combined), its curriculum weight (the
+        importance ratio of its task, when the backtest knows the history it was drawn from),
+        and per failure the training reward it would have had as a verified success (None for
+        the successes)."""
         self.rollouts += len(rewards)
         self.groups += 1
         dead = max(rewards) - min(rewards) <= EPS
@@ -166,6 +179,14 @@ class Tally:
             self.pairs += len(wins) * len(losses)
             losses.sort()
             self.violations += sum(len(losses) - bisect_right(losses, w) for w in wins)
+        if counterfactual is not None and len(losses) > 1:
+            losses.sort()
+            for r, ok, cf in zip(rewards, success, counterfactual):
+                if ok or cf is None:
+                    continue
+                # the other failures paid strictly more than this one would as a success
+                self.cf_pairs += len(losses) - 1
+                self.cf_violations += len(losses) - bisect_right(losses, cf) - (r > cf)
 
     def merge(self, other: Tally) -> None:
         for name in (*self._COUNTERS, "seconds"):
@@ -180,7 +201,7 @@ class Tally:
             counts[1] += losses
 
     _COUNTERS = ("rollouts", "groups", "dead_groups", "effective", "pairs", "violations",
-                 "successes", "false_drops", "kept", "kept_tokens")
+                 "successes", "false_drops", "kept", "kept_tokens", "cf_pairs", "cf_violations")
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (floats round-trip exactly): what a sandbox worker sends back."""
@@ -226,6 +247,7 @@ class Tally:
             "sampled_dead_group_ratio": self.sampled_dead.value / sampled if sampled > 0 else None,
             "effective_data_ratio": ratio(self.effective, self.rollouts),
             "ordering_violations": ratio(self.violations, self.pairs),
+            "counterfactual_violations": ratio(self.cf_violations, self.cf_pairs),
             "proxy_auc": _auc(self.auc),
             "false_drop_rate": ratio(self.false_drops, self.successes),
             "hacking_reward_mass": ratio(self.flagged_reward.value, positive) if positive > 0 else 0.0,

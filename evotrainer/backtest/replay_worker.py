@@ -6,7 +6,11 @@ the worker builds fresh `evotrainer.api` objects from them, calls the harness, a
 only what the harness decided, per rollout in the order sent:
 
     {"ids": [...], "rewards": [{component: float}], "keep": [bool], "cut": [bool],
-     "keep_group": [bool per group]}
+     "keep_group": [bool per group], "counterfactual": [{component: float} or None]}
+
+`counterfactual` holds, for each verified failure, the reward of the same rollout rescored as a
+verified success (outcome success, score 1, kind "ok", its flags kept), None for a success: what
+the reward would pay a success in that group (metrics.py, counterfactual_violations).
 
 or, for the curriculum, {"weights": {task_id: float}}. The parent checks every value and joins
 them with the verified outcomes it kept (scoring.py); nothing here decides a metric. The
@@ -23,7 +27,7 @@ import sys
 import zlib
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 
 from evotrainer.api import Outcome, Rollout, TaskStats, Turn
@@ -105,7 +109,8 @@ class ReplayJob:
         kind, payload = message
         if kind == "weights":
             return {"weights": h.weights(tuple(TaskStats(*row) for row in payload))}
-        out: dict[str, list] = {"ids": [], "rewards": [], "keep": [], "cut": [], "keep_group": []}
+        out: dict[str, list] = {"ids": [], "rewards": [], "keep": [], "cut": [], "keep_group": [],
+                                "counterfactual": []}
         threshold = int(self.determinism_sample * 2**32)
         for n, group in enumerate(payload):
             check = n == 0 or zlib.crc32(group[0][2].encode()) < threshold  # and the first of each chunk
@@ -126,6 +131,18 @@ def _replay_group(h: SandboxedHarness, group: list[list], check: bool, out: dict
                 raise CandidateFailure(f"the training reward (weighted sum of {comps[-1]}) is {rewards[-1]}", h.label)
             keeps.append(h.keep_rollout(rollout))
             cuts.append(_cut(h, trajectory))
+        # Rescored from fresh objects built from the frozen rows (harness code may have changed
+        # the ones it was given), which rows are failures read off those rows too, and under an
+        # id of their own: a reward that remembers ids answers for the rollout it is shown.
+        counterfactual: list[dict[str, float] | None] = []
+        for row, fresh in zip(group, _build(group)[0]):
+            current = fresh.id
+            if row[7]:  # the frozen row's verified success
+                counterfactual.append(None)
+            else:
+                won = replace(fresh, id=f"{fresh.id}~as-success",
+                              outcome=Outcome(True, 1.0, "ok", fresh.outcome.flags))
+                counterfactual.append(h.reward(won))
         current = None
         keep_group = h.keep_group(rollouts, rewards)
         if check:
@@ -149,6 +166,7 @@ def _replay_group(h: SandboxedHarness, group: list[list], check: bool, out: dict
     out["keep"] += keeps
     out["cut"] += cuts
     out["keep_group"].append(keep_group)
+    out["counterfactual"] += counterfactual
 
 
 __all__ = ["ReplayJob"]

@@ -29,7 +29,8 @@ def deltas(metrics: dict[str, dict[str, Any]] | None) -> dict[str, float | None]
     if not metrics:
         return {}
     base, cand = metrics["base"], metrics["candidate"]
-    return {name: None if base[name] is None or cand[name] is None else cand[name] - base[name]
+    # .get: a report written before a metric existed has no value for it
+    return {name: None if base.get(name) is None or cand.get(name) is None else cand[name] - base[name]
             for name in METRICS}
 
 
@@ -156,7 +157,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             mark = {True: " ✓", False: " ✗", None: ""}[helps(name, delta)]
             arrow = (" ↓" if LOWER_IS_BETTER[name] else " ↑") if name in LOWER_IS_BETTER else ""
             shown = "" if name in COUNTS else (f"{delta:+.4f}{mark}" if delta is not None else "n/a")
-            lines.append(f"| {name}{arrow} | {fmt(base[name])} | {fmt(cand[name])} | {shown} |")
+            lines.append(f"| {name}{arrow} | {fmt(base.get(name))} | {fmt(cand.get(name))} | {shown} |")
         lines.append("")
     if report.get("judges"):
         lines += ["Judges against verified outcomes (proxy signals; same rollouts for both sides):", "",

@@ -23,7 +23,7 @@ from evotrainer.harness.sandbox import CandidateFailure
 
 # No honest reward comes near this; beyond it, sums and squares in the metrics lose all precision.
 REWARD_BOUND = 1e9
-_KEYS = ("ids", "rewards", "keep", "cut", "keep_group")
+_KEYS = ("ids", "rewards", "keep", "cut", "keep_group", "counterfactual")
 
 
 @dataclass(frozen=True)
@@ -72,25 +72,36 @@ def check_values(label: str, reply: Any, groups: Sequence[Sequence[Fact]]) -> di
     sent = [f.id for members in groups for f in members]
     _check_ids(label, reply["ids"], sent)
     for key, size in (("rewards", len(sent)), ("keep", len(sent)), ("cut", len(sent)),
-                      ("keep_group", len(groups))):
+                      ("keep_group", len(groups)), ("counterfactual", len(sent))):
         if not isinstance(reply[key], list) or len(reply[key]) != size:
             raise _malformed(label, f"{key} is not a list of {size}")
     for key in ("keep", "cut", "keep_group"):
         if not all(type(v) is bool for v in reply[key]):
             raise _malformed(label, f"{key} holds a value that is not a bool")
-    bound = REWARD_BOUND
     for rid, comps in zip(sent, reply["rewards"]):  # plain loops: this runs for every rollout
-        ok = type(comps) is dict
-        if ok:
-            for key, value in comps.items():
-                # NaN and inf fail the comparison; bool, str and anything else fail the type test
-                if type(key) is not str or type(value) not in (float, int) or not -bound <= value <= bound:
-                    ok = False
-                    break
-        if not ok:
+        if not _components(comps):
             raise _malformed(label, f"the reward of rollout {rid[:80]!r} is not a dict of finite floats "
-                                    f"within +-{bound:g}")
+                                    f"within +-{REWARD_BOUND:g}")
+    # a rescored success for exactly the verified failures (the facts the parent kept decide which)
+    for fact, comps in zip((f for members in groups for f in members), reply["counterfactual"]):
+        if fact.success and comps is not None:
+            raise _malformed(label, f"a counterfactual reward for rollout {fact.id[:80]!r}, a verified success")
+        if not fact.success and not _components(comps):
+            raise _malformed(label, f"the counterfactual reward of rollout {fact.id[:80]!r} is not a dict of "
+                                    f"finite floats within +-{REWARD_BOUND:g}")
     return reply
+
+
+def _components(comps: Any) -> bool:
+    """A reward: a dict of str -> finite float or int within REWARD_BOUND."""
+    if type(comps) is not dict:
+        return False
+    bound = REWARD_BOUND
+    for key, value in comps.items():
+        # NaN and inf fail the comparison; bool, str and anything else fail the type test
+        if type(key) is not str or type(value) not in (float, int) or not -bound <= value <= bound:
+            return False
+    return True
 
 
 def check_weights(label: str, reply: Any, task_ids: Sequence[str]) -> dict[str, float]:
@@ -118,18 +129,24 @@ def add_values(tally: Tally, side: Side, groups: Sequence[Sequence[Fact]], value
         n = len(members)
         rewards = []
         for fact, comps in zip(members, values["rewards"][at:at + n]):
-            value = weighted_reward(side.reward_weights, comps)
-            if not math.isfinite(value):
-                raise CandidateFailure(f"the training reward (weighted sum of {comps}) is {value} "
-                                       f"(on rollout {fact.id})", side.label)
-            rewards.append(value)
+            rewards.append(_training_reward(side, comps, fact))
+        counterfactual = [None if comps is None else _training_reward(side, comps, fact)
+                          for fact, comps in zip(members, values["counterfactual"][at:at + n])]
         keep_group = values["keep_group"][g]
         kept = [keep_group and k and not cut
                 for k, cut in zip(values["keep"][at:at + n], values["cut"][at:at + n])]
         weight = weight_of(members[0].task_id) if weight_of is not None else None
         tally.add_group(rewards, group_advantages(rewards, side.scale_rewards), [f.success for f in members],
-                        [f.flagged for f in members], [f.tokens for f in members], kept, weight)
+                        [f.flagged for f in members], [f.tokens for f in members], kept, weight, counterfactual)
         at += n
+
+
+def _training_reward(side: Side, comps: Mapping[str, float], fact: Fact) -> float:
+    value = weighted_reward(side.reward_weights, comps)
+    if not math.isfinite(value):
+        raise CandidateFailure(f"the training reward (weighted sum of {comps}) is {value} "
+                               f"(on rollout {fact.id})", side.label)
+    return value
 
 
 class Fingerprint:
@@ -152,7 +169,7 @@ class Fingerprint:
         for g, members in enumerate(groups):
             end = at + len(members)
             self.add((values["ids"][at:end], values["rewards"][at:end], values["keep"][at:end],
-                      values["cut"][at:end], values["keep_group"][g]))
+                      values["cut"][at:end], values["keep_group"][g], values["counterfactual"][at:end]))
             at = end
 
     def hexdigest(self) -> str:

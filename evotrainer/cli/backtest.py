@@ -92,7 +92,7 @@ def metrics_table(report: dict[str, Any]) -> Table | None:
         label = Text(name, style="bold" if name == target else "")
         label.append(arrow, style="dim")
         delta = _delta_text(name, report["deltas"].get(name)) if name in LOWER_IS_BETTER else Text("")
-        table.add_row(label, fmt(base[name]), fmt(cand[name]), delta)
+        table.add_row(label, fmt(base.get(name)), fmt(cand.get(name)), delta)  # older reports lack newer metrics
     return table
 
 
