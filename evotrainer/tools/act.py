@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,7 @@ from evotrainer.tools.surface import Toolbox, public_meta
 ANALYSIS_PROBE = "analysis"
 ANALYSIS_FN = "analyse"
 DIAGNOSTICS = "diagnostics.py"
+_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")  # as HarnessRepo.propose checks it, before the sandbox load
 
 TEXT = {"type": "string", "minLength": 1, "maxLength": 2000}
 SLUG = {"type": "string", "minLength": 1, "maxLength": 48, "description": "lowercase words joined by '-'"}
@@ -161,6 +163,10 @@ def _protected(tb: Toolbox, base_sources: dict[str, str], edits: dict[str, str])
 
 def _propose(tb: Toolbox, base: str, slug: str, edits: dict[str, str], diagnosis: str, targets: str,
              expected: str) -> dict[str, Any]:
+    if not _SLUG.fullmatch(slug):
+        raise ToolError(BAD_ARGUMENTS, f"slug {slug!r} must be lowercase words joined by '-'")
+    if f"{CANDIDATE_PREFIX}{tb.round}-{slug}" in tb.repo.candidates():
+        raise ToolError(BAD_ARGUMENTS, f"{CANDIDATE_PREFIX}{tb.round}-{slug} already exists; pick another slug")
     if not edits:
         raise ToolError(BAD_ARGUMENTS, "edits: a candidate needs at least one edited file")
     for name in edits:
@@ -202,8 +208,13 @@ def revise_candidate(tb: Toolbox, branch: str, slug: str, edits: dict[str, str],
       "gate's decision and reasons.", "act", {"branch": BRANCH}, required=("branch",))
 def backtest_candidate(tb: Toolbox, branch: str) -> dict[str, Any]:
     from evotrainer.backtest import Selector, backtest
+    from evotrainer.coevolve.heldout import HeldoutLeak, assert_no_heldout_rollouts
 
     _this_round(tb, branch)
+    try:  # the candidate's code would see every replayed rollout: none may be held out
+        assert_no_heldout_rollouts(tb.store, run_id=tb.run_id, round_index=tb.round)
+    except HeldoutLeak as exc:
+        raise ToolError(REFUSED, f"no backtest on round {tb.round}: {exc}") from None
     report = backtest(tb.ws.root, branch, selector=Selector(run=tb.run, round=tb.round), gate=tb.gate,
                       store=tb.store, workers=tb.workers, reuse=True)
     return {k: report.get(k) for k in ("id", "decision", "reasons", "target", "declared_target", "deltas",
