@@ -145,7 +145,7 @@ def _unwrap(row: StoredRollout | Rollout) -> Rollout:
     return replace(row.rollout, meta={**row.rollout.meta, "train_step": row.step})
 
 
-def _by_group(rollouts: Iterable[Rollout]) -> list[Rollout]:
+def by_group(rollouts: Iterable[Rollout]) -> list[Rollout]:
     """Rollouts with each group's members together, groups in order of first appearance."""
     groups: dict[str, list[Rollout]] = {}
     for r in rollouts:
@@ -161,7 +161,9 @@ def _quiet_level(probe: Probe, rollouts: Sequence[Rollout], rewards: Sequence[fl
         return -1
 
 
-def _examples(probe: Probe, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> tuple[str, ...]:
+def alert_examples(probe: Probe, rollouts: Sequence[Rollout], rewards: Sequence[float]) -> tuple[str, ...]:
+    """Up to MAX_EXAMPLES ids of rollouts on which the probe alone would alert, spread over groups
+    (also what the agent tools' analysis returns as examples, evotrainer/tools/act.py)."""
     spans: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
         spans.setdefault(r.group_id, []).append(i)
@@ -200,7 +202,7 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
     A reward fault is a HarnessError (the harness under diagnosis cannot score these rollouts);
     a probe fault only marks that probe n/a with its error.
     """
-    rollouts = _by_group(_unwrap(row) for row in rows)
+    rollouts = by_group(_unwrap(row) for row in rows)
     rewards = [harness.training_reward(c) for c in harness.rewards(rollouts)]  # one request
     results = []
     for probe in harness.probes:
@@ -209,7 +211,7 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
         except HarnessError as exc:
             value, error = None, redact(exc)  # harness-shaped text: it goes into the LLM agent's prompt
         level = probe.level(value)
-        ids = _examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
+        ids = alert_examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
         results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,
                                    probe.direction, ids, error))
     results = [r for r in results if r.name != FALSE_DROP] + [_false_drops(harness, rollouts, rewards, examples)]
