@@ -71,7 +71,21 @@ def build_workspace(tmp: Path, rounds: int = 3) -> Path:
                 stage(state)
             loop._finish_round(state)
         store.add_rollouts([swe_trajectory(tmp)])
+    agent_session(ws, rounds - 1)
     return ws
+
+
+def agent_session(ws: Path, round_index: int) -> None:
+    """A short scripted tool session on the last round, as a tool-using agent would start one:
+    its transcript is what the report's agent page shows (one call fails on purpose)."""
+    from evotrainer.tools import Toolbox
+
+    with Toolbox(ws, "tiny", round_index, max_calls=10) as tools:
+        listed = tools.call("list_rollouts", {"success": False, "limit": 3})
+        first = listed["result"]["rollouts"][0]["id"]
+        tools.call("show_rollout", {"id": first})
+        tools.call("read_harness_file", {"name": "reward.py"})
+        tools.call("read_harness_file", {"name": "../store.db"})  # refused: outside the harness repo
 
 
 def swe_trajectory(tmp: Path) -> StoredRollout:

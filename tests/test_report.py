@@ -194,6 +194,13 @@ def test_every_page_in_headless_chromium(workspace, tmp_path, artifacts_dir):
     assert "test_shapes.py::test_high" in text and 'class="test passed"' in text
     diag = (out / "diagnostics.html").read_text()
     assert re.search(r'href="rollouts/r\d+/all-\d+\.html#s\d+"', diag), "alerts link to example rollouts"
+    # The scripted agent session (report_workspace.agent_session): every call, the refused one marked
+    agent = (out / "agent.html").read_text()
+    assert "tiny · round 2" in agent and "4 call(s), 1 answered with an error" in agent
+    for needle in ("list_rollouts", "show_rollout", "read_harness_file", "def reward", "../store.db",
+                   'class="badge reject">refused'):
+        assert needle in agent, needle
+    assert 'href="agent.html#t-tiny-2"' in lineage
 
     shots = artifacts_dir / "report"
     shots.mkdir(parents=True, exist_ok=True)

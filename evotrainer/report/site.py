@@ -26,7 +26,8 @@ from evotrainer.report.rollout_pages import RolloutWriter, facet_name, page_path
 from evotrainer.store import Store
 from evotrainer.workspace import Workspace
 
-PAGES = (("index.html", "Overview"), ("lineage.html", "Harness lineage"), ("backtests.html", "Backtests"),
+PAGES = (("index.html", "Overview"), ("lineage.html", "Harness lineage"), ("agent.html", "Agent transcripts"),
+         ("backtests.html", "Backtests"),
          ("diagnostics.html", "Diagnostics"), ("rollouts/index.html", "Rollouts"), ("skills.html", "Skills"))
 SUCCESS, FAILURE = "#2ca02c", "#d62728"
 
@@ -144,6 +145,7 @@ class _Gathered:
     backtests: list[dict]
     lineage: dict
     diagnostics: list[dict]
+    transcripts: list[dict] = field(default_factory=list)  # the outer agent's tool calls (report/transcripts.py)
     judged_runs: set[str] = field(default_factory=set)  # runs whose held-out success is judge-verified
     agreement: dict | None = None  # the judge against people (<workdir>/judge_agreement.json)
 
@@ -217,7 +219,9 @@ def _gather(ws: Workspace, store: Store | None) -> _Gathered:
     skills = gather.skills(ws)
     bts = gather.backtests(ws, store)
     lineage = gather.lineage(ws, {b["id"]: b for b in bts}, skills, state)
-    return _Gathered(state, rounds, base, skills, bts, lineage, gather.diagnostics(ws),
+    from evotrainer.report.transcripts import transcripts
+
+    return _Gathered(state, rounds, base, skills, bts, lineage, gather.diagnostics(ws), transcripts(ws),
                      gather.judged_runs(store) if store else set(), gather.judge_agreement(ws.root))
 
 
@@ -258,7 +262,9 @@ def _pages(data: _Gathered, writer: RolloutWriter | None) -> dict[str, tuple[str
         "index.html": ("overview.html.j2", {"rounds": data.rounds, "base": data.base, "commit_shas": known_commits,
                                            "judged_runs": data.judged_runs, "agreement": data.agreement,
                                            "chart": Markup(overview_chart(data.rounds, data.lineage))}),
-        "lineage.html": ("lineage.html.j2", {"lineage": data.lineage, "backtests": by_id}),
+        "lineage.html": ("lineage.html.j2", {"lineage": data.lineage, "backtests": by_id,
+                                             "transcripts": data.transcripts}),
+        "agent.html": ("agent.html.j2", {"transcripts": data.transcripts}),
         "backtests.html": ("backtests.html.j2", {"backtests": data.backtests, "lineage": data.lineage}),
         "diagnostics.html": ("diagnostics.html.j2", {"diagnostics": data.diagnostics,
                                                      "where": writer.where if writer else {}}),
