@@ -235,3 +235,35 @@ def test_config_picks_the_mode(tmp_path):
         co = config.coevolve.model_copy(update={"agent": "llm", "llm": llm.model_copy(update={"mode": mode})})
         loop = Coevolution(config.model_copy(update={"coevolve": co}), Path(tmp_path) / "work")
         assert isinstance(loop._agent(), cls)
+
+
+# ---------------------------------------------------------------- the harness-fault benchmark
+
+
+def test_bench_runs_a_case_with_the_tools_mode_in_one_command(tmp_path, server):
+    """`evotrainer bench harness CASE --agent llm --base-url URL --model M` (tools mode, the
+    default): the model's submitted candidate is what the benchmark gates, promotes and judges,
+    and the JSON reports the agent's tool calls, tokens and ending per case."""
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.main import app
+    from evotrainer.paths import FAULT_CASES_DIR
+
+    spec = (FAULT_CASES_DIR / "math-length-pays" / "harness" / "harness.yaml").read_text()
+    assert "  thorough: 2.0\n" in spec
+    fix = {"slug": "drop-length-pay", "edits": {"harness.yaml": spec.replace("  thorough: 2.0\n", "  thorough: 0.0\n")},
+           "diagnosis": "thorough pays 2.0 per full-length completion", "targets": "ordering_violations",
+           "expected": "ordering_violations falls to about 0"}
+    server.add(reply(call("read_harness_file", {"name": "harness.yaml"})),
+               reply(call("write_candidate", fix)),
+               reply(call("submit_candidate", {"branch": "candidate/0-drop-length-pay"}), call(FINISH)))
+    out = tmp_path / "scores.json"
+    res = CliRunner().invoke(app, ["bench", "harness", "math-length-pays", "--agent", "llm", "--base-url", server.url,
+                                   "--model", "test-model", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    [case] = data["cases"]
+    assert data["agent"] == "llm-tools" and case["promoted"] == "candidate/0-drop-length-pay", case["tried"]
+    assert case["repaired"] and case["safe"], (case["criteria"], case["unsafe"])
+    assert (case["agent_loop"]["ending"], case["agent_loop"]["tool_calls"]) == ("finished", 4)
+    assert data["overall"]["tool_calls"] == 4 and data["overall"]["endings"] == {"finished": 1}
