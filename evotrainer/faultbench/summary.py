@@ -15,7 +15,7 @@ def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
     """Shares over the cases; `repaired` over the cases a backtest can judge (not a live case, and
     the fault shows on the held-out slice)."""
     ran = list(results)
-    looped = [r for r in ran if r.agent_loop]
+    loops = [r.agent_loop for r in ran if r.agent_loop]
 
     def share(key: str) -> float | None:
         scored = [r for r in ran if getattr(r, key) is not None]
@@ -28,9 +28,9 @@ def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
             "proposals": sum(r.proposals for r in ran), "backtests": sum(r.backtests for r in ran),
             "seconds": round(sum(r.seconds for r in ran), 1),
             # a tool-using agent's rounds (propose/llm_tools.py): how they ended and what they used
-            **({"tool_calls": sum(r.agent_loop["tool_calls"] for r in looped),
-                "tokens": sum(r.agent_loop["tokens"] for r in looped),
-                "endings": dict(Counter(r.agent_loop["ending"] for r in looped))} if looped else {})}
+            **({"tool_calls": sum(loop["tool_calls"] for loop in loops),
+                "tokens": sum(loop["tokens"] for loop in loops),
+                "endings": dict(Counter(loop["ending"] for loop in loops))} if loops else {})}
 
 
 def to_json(results: Sequence[CaseResult], agent: str) -> dict[str, Any]:
