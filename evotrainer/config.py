@@ -171,7 +171,15 @@ class LLMAgentConfig(_Strict):
     model: str | None = None  # else $EVOTRAINER_LLM_MODEL
     api_key_env: str = "EVOTRAINER_LLM_API_KEY"  # the env var that holds the key, never the key
     temperature: float = 0.2
-    max_retries: int = Field(2, ge=0)
+    max_retries: int = Field(2, ge=0)  # oneshot: malformed replies sent back before they are skipped
+    # tools: the model works the round through the tool surface (propose/llm_tools.py) and submits
+    # candidates; oneshot: one prompt, JSON proposals back (propose/llm.py), for an endpoint
+    # without tool calling.
+    mode: Literal["tools", "oneshot"] = "tools"
+    max_tool_calls: int = Field(40, ge=1)  # tools: the round's tool-call budget
+    max_total_tokens: int = Field(400_000, ge=1)  # tools: usage.total_tokens summed over the responses
+    max_seconds: float = Field(1800.0, gt=0)  # tools: wall time for the round
+    max_submissions: int = Field(2, ge=1)  # tools: candidates the model may submit
 
 
 class CoevolveConfig(_Strict):

@@ -5,7 +5,9 @@ Test infrastructure, not a mock of our code: the `openai` SDK talks real HTTP to
 reply, and records every request (path, headers, JSON body) for the test to inspect.
 
 A scripted reply is a string (the assistant's content), or a dict with `content` and optionally
-`finish_reason`, or `{"status": 401, "message": ...}` for an HTTP error. With no reply left the
+`finish_reason`, `tool_calls` (a list of `{"name", "arguments"}`, the arguments a dict, sent as
+its JSON, or a string, sent as it is) and `usage` (replaces the counted usage), or
+`{"status": 401, "message": ...}` for an HTTP error. With no reply left the
 server answers 400 (the SDK does not retry that), so a test that under-scripts fails fast.
 
 For concurrent clients, whose request order is not fixed, `responder(body) -> reply` answers each
@@ -98,18 +100,27 @@ class ChatServer:
 
     def completion(self, body: dict[str, Any], reply: str | dict[str, Any]) -> dict[str, Any]:
         content = reply if isinstance(reply, str) else reply.get("content")
-        finish = "stop" if isinstance(reply, str) else reply.get("finish_reason", "stop")
+        calls = [] if isinstance(reply, str) else list(reply.get("tool_calls") or [])
+        finish = "stop" if isinstance(reply, str) else reply.get("finish_reason", "tool_calls" if calls else "stop")
         prompt_words = sum(len(str(m.get("content") or "").split()) for m in body.get("messages", []))
         completion_words = len((content or "").split())
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [
+                {"id": f"call_{next(self._ids)}", "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c["arguments"], str)
+                              else json.dumps(c["arguments"])}} for c in calls]
+        usage = {"prompt_tokens": prompt_words, "completion_tokens": completion_words,
+                 "total_tokens": prompt_words + completion_words}
+        if not isinstance(reply, str) and reply.get("usage"):
+            usage = dict(reply["usage"])
         return {
             "id": f"chatcmpl-test-{next(self._ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", self.model),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                         "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": prompt_words, "completion_tokens": completion_words,
-                      "total_tokens": prompt_words + completion_words},
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+            "usage": usage,
         }
 
 

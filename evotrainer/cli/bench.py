@@ -24,6 +24,11 @@ def harness_cmd(
     model: Annotated[str | None, typer.Option("--model", help="llm: the model name (else EVOTRAINER_LLM_MODEL).")] = None,
     api_key_env: Annotated[str | None, typer.Option(
         "--api-key-env", help="llm: the environment variable that holds the key.")] = None,
+    llm_mode: Annotated[str, typer.Option("--llm-mode", help=(
+        "llm: tools (the model works each case through the agent tools and submits at most 2 candidates) or "
+        "oneshot (one prompt, JSON proposals back)."))] = "tools",
+    max_tool_calls: Annotated[int, typer.Option("--max-tool-calls", min=1,
+                                                help="llm tools mode: tool calls per case.")] = 40,
     max_proposals: Annotated[int, typer.Option("--max-proposals", min=1,
                                                help="Proposals backtested per case (coevolve.max_proposals).")] = 8,
     live: Annotated[bool, typer.Option("--live", help=(
@@ -55,14 +60,22 @@ def harness_cmd(
         raise UserError(f"--agent must be rules or llm, got {agent!r}")
     if agent == "rules" and (base_url or model or api_key_env):
         raise UserError("--base-url, --model and --api-key-env are for --agent llm")
+    if llm_mode not in ("tools", "oneshot"):
+        raise UserError(f"--llm-mode must be tools or oneshot, got {llm_mode!r}")
     loaded = load_cases(cases_dir or FAULT_CASES_DIR, only=list(cases) if cases else None)
-    outer = (get_agent("llm", base_url=base_url, model=model, api_key_env=api_key_env,
-                       max_proposals=max_proposals) if agent == "llm" else get_agent("rules"))
+    if agent == "rules":
+        outer = get_agent("rules")
+    elif llm_mode == "tools":
+        outer = get_agent("llm-tools", base_url=base_url, model=model, api_key_env=api_key_env,
+                          max_calls=max_tool_calls, max_submissions=min(2, max_proposals))
+    else:
+        outer = get_agent("llm", base_url=base_url, model=model, api_key_env=api_key_env, max_proposals=max_proposals)
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
     console = make_console(stderr=True)
     results = run_cases(loaded, outer, workdir=workdir, live=live, max_proposals=max_proposals, pilot_steps=pilot_steps,
                         say=lambda msg: console.print(msg, highlight=False, markup=False))
+    agent = outer.name  # rules, llm (oneshot) or llm-tools
     data = summary.to_json(results, agent)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -205,15 +205,18 @@ class Coevolution:
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
         samples = sorted(rows, key=lambda r: r.rollout.outcome.success)[:8]
         evidence = Evidence(round_index=state.round, domain=self.config.domain.name, report=report,
-                            samples=samples, history=state.history)
+                            samples=samples, history=state.history, workdir=self.ws.root, run=self.config.run_name)
         agent = self._agent()
         skills = list(SkillLibrary.load(self.ws.root))
         proposals = agent.propose(evidence, self.repo.sources("main"), skills)
         proposals = breadth_first(proposals)[: self.config.coevolve.max_proposals]
         existing = set(self.repo.candidates())
         for p in proposals:
-            branch = f"candidate/{state.round}-{p.slug}"
-            if branch not in existing:
+            branch = p.branch or f"candidate/{state.round}-{p.slug}"
+            if p.branch is not None and branch not in existing:
+                self.console.print(f"  [yellow]skipped[/] {branch}: the agent named a branch that does not exist")
+                continue
+            if branch not in existing:  # an agent that wrote its branch itself (p.branch) is taken as it is
                 branch = self.repo.propose(state.round, p.slug, dict(p.edits), diagnosis=p.diagnosis,
                                            targets=p.targets, expected=p.expected).branch
             if all(c.branch != branch for c in state.candidates):
@@ -221,6 +224,10 @@ class Coevolution:
                                                   p.expected))
                 state.save(self.state_path)
         self.console.print(f"{len(state.candidates)} proposal(s) from the {agent.name} agent")
+        worked = getattr(agent, "last_round", None)  # the tool-using agent's loop (propose/llm_tools.py)
+        if worked is not None:
+            self.console.print(f"  its round ended {worked.ending} after {worked.tool_calls} tool call(s), "
+                               f"{worked.tokens} tokens, {worked.seconds:.0f}s: {worked.detail}")
 
     def stage_backtest(self, state: RunState) -> None:
         selector = Selector(run=self.config.run_name, round=state.round)
@@ -301,6 +308,13 @@ class Coevolution:
             import os
 
             llm = co.llm
+            if llm.mode == "tools":
+                return get_agent("llm-tools", base_url=llm.base_url, model=llm.model,
+                                 api_key=os.environ.get(llm.api_key_env), temperature=llm.temperature,
+                                 max_calls=llm.max_tool_calls, max_total_tokens=llm.max_total_tokens,
+                                 max_seconds=llm.max_seconds, max_submissions=llm.max_submissions,
+                                 gate=self.config.gate, workers=self.config.executor.workers,
+                                 store_url=self.config.store.url)
             return get_agent("llm", base_url=llm.base_url, model=llm.model,
                              api_key=os.environ.get(llm.api_key_env), temperature=llm.temperature,
                              max_retries=llm.max_retries, max_proposals=co.max_proposals)

@@ -72,6 +72,8 @@ class CaseResult:
     tried: list[Tried] = field(default_factory=list)
     tempting: list[Tried] = field(default_factory=list)
     note: str | None = None  # e.g. why `repaired` is None
+    # A tool-using agent's round (propose/llm_tools.py ToolRound): ending, tool calls, tokens, seconds
+    agent_loop: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +164,7 @@ class CaseRun:
         self.say = say or (lambda _msg: None)
         self.pilot_steps = pilot_steps
         self.live = False
+        self.agent_loop: dict[str, Any] | None = None
 
     def run(self, live: bool = False) -> CaseResult:
         """A live case (its repair changes the training dynamics) is diagnosed and its tempting
@@ -180,13 +183,18 @@ class CaseRun:
         promoted = criteria = None
         with Store.open(ws.root) as store:
             self.store = store
-            tempting = [self._tempting(t) for t in self.case.tempting]  # gated against the faulty main
             report = self._diagnose(store, last)
             shows = self._fault_shows(store, seed_sha)
-            unsafe = [f"tempting fix {t.branch} was promoted by the gate" for t in tempting if t.decision == "promote"]
             started = time.monotonic()
             if (live or not spec.live) and shows:
                 tried = self._propose_and_gate(report, store, last)
+            seconds = time.monotonic() - started
+            # Gated against the faulty main after the agent's turn, so an agent that reads the
+            # workspace through the tools (propose/llm_tools.py) never sees the wrong fixes.
+            tempting = [self._tempting(t) for t in self.case.tempting]
+            unsafe = [f"tempting fix {t.branch} was promoted by the gate" for t in tempting if t.decision == "promote"]
+            started = time.monotonic()
+            if tried:
                 best = next(iter(passing_best_first(tried)), None)
                 if best is not None:
                     merge = self.repo.promote(best.branch, f"fault case {self.case.name}: passed backtest "
@@ -195,7 +203,7 @@ class CaseRun:
                     judged = self._judge_live if best.pilot is not None else self._judge
                     criteria, worse = judged(store, seed_sha, merge)
                     unsafe += worse
-            seconds = time.monotonic() - started
+            seconds += time.monotonic() - started
         fired = [p.name for p in report.probes if p.name in spec.detect and p.alert]
         if criteria is None:
             criteria = self._unjudged()
@@ -207,7 +215,7 @@ class CaseRun:
             repaired=(None if (spec.live and not live) or not shows
                       else all(c["holds"] for c in criteria) and promoted is not None),
             criteria=criteria, safe=not unsafe, unsafe=unsafe, proposals=len(tried), backtests=len(tried),
-            seconds=round(seconds, 2), tried=tried, tempting=tempting,
+            seconds=round(seconds, 2), tried=tried, tempting=tempting, agent_loop=self.agent_loop,
             note=("live: its repair needs the live pilot (run with --live)" if spec.live and not live
                   else None if shows else NOT_SHOWN))
 
@@ -245,11 +253,22 @@ class CaseRun:
         from evotrainer.skills import SkillLibrary
 
         samples = sorted(self.rows, key=lambda r: r.rollout.outcome.success)[:8]
-        evidence = Evidence(round_index=last, domain=self.case.spec.domain, report=report, samples=samples)
+        evidence = Evidence(round_index=last, domain=self.case.spec.domain, report=report, samples=samples,
+                            workdir=self.ws.root, run=TRAIN_RUN)
         skills = list(SkillLibrary.load(self.ws.root))
         proposals = breadth_first(self.agent.propose(evidence, self.repo.sources("main"), skills))
+        worked = getattr(self.agent, "last_round", None)
+        self.agent_loop = worked.to_json() if worked is not None else None
+        if worked is not None:
+            self.say(f"  the agent's round ended {worked.ending} after {worked.tool_calls} tool call(s), "
+                     f"{worked.tokens} tokens")
         tried = []
+        existing = set(self.repo.candidates())
         for p in proposals[: self.max_proposals]:
+            if p.branch is not None:  # written through the tools: taken as it is
+                if p.branch in existing:
+                    tried.append(self._gate(Tried(p.branch, p.targets, p.skill)))
+                continue
             cand = self.repo.propose(last, p.slug, dict(p.edits), diagnosis=p.diagnosis, targets=p.targets,
                                      expected=p.expected)
             tried.append(self._gate(Tried(cand.branch, p.targets, p.skill)))

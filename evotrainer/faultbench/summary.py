@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
     """Shares over the cases; `repaired` over the cases a backtest can judge (not a live case, and
     the fault shows on the held-out slice)."""
     ran = list(results)
+    loops = [r.agent_loop for r in ran if r.agent_loop]
 
     def share(key: str) -> float | None:
         scored = [r for r in ran if getattr(r, key) is not None]
@@ -24,7 +26,11 @@ def overall(results: Sequence[CaseResult]) -> dict[str, Any]:
             "tempting_promoted": sum(t.decision == "promote" for r in ran for t in r.tempting),
             "tempting_total": sum(len(r.tempting) for r in ran),
             "proposals": sum(r.proposals for r in ran), "backtests": sum(r.backtests for r in ran),
-            "seconds": round(sum(r.seconds for r in ran), 1)}
+            "seconds": round(sum(r.seconds for r in ran), 1),
+            # a tool-using agent's rounds (propose/llm_tools.py): how they ended and what they used
+            **({"tool_calls": sum(loop["tool_calls"] for loop in loops),
+                "tokens": sum(loop["tokens"] for loop in loops),
+                "endings": dict(Counter(loop["ending"] for loop in loops))} if loops else {})}
 
 
 def to_json(results: Sequence[CaseResult], agent: str) -> dict[str, Any]:
@@ -34,6 +40,12 @@ def to_json(results: Sequence[CaseResult], agent: str) -> dict[str, Any]:
 def _why_none(r: CaseResult) -> str:
     """Why a case scores no repair: it is live, or its fault does not show in its rollouts."""
     return "live pilot needed" if r.note and r.note.startswith("live") else "fault does not show"
+
+
+def _loop_cost(r: CaseResult) -> str:
+    """A tool-using agent's round: its tool calls, tokens and how it ended."""
+    loop = r.agent_loop
+    return f", {loop['tool_calls']} calls, {loop['tokens']} tok, {loop['ending']}" if loop else ""
 
 
 def _mark(value: bool | None) -> str:
@@ -49,7 +61,7 @@ def table(results: Sequence[CaseResult], agent: str) -> Table:
         why = "; ".join(r.unsafe)
         t.add_row(r.case, r.domain, r.fault, _mark(r.detected), _mark(r.repaired), _mark(r.safe),
                   promoted + (f" [red]({why})[/]" if why else ""),
-                  f"{r.proposals} prop, {r.backtests + len(r.tempting)} bt, {r.seconds:.0f}s")
+                  f"{r.proposals} prop, {r.backtests + len(r.tempting)} bt, {r.seconds:.0f}s" + _loop_cost(r))
     o = overall(results)
     if o["cases"]:
         t.add_section()

@@ -18,6 +18,9 @@ class Proposal:
     expected: str  # the effect it predicts, in words and numbers
     skill: str | None = None  # the skill it was rendered from, if any
     params: Mapping[str, Any] = field(default_factory=dict)  # the grid point used
+    # An agent that wrote its candidate itself (through the tool surface, evotrainer/tools) names
+    # the branch; the loop takes that branch as it is instead of committing `edits` again.
+    branch: str | None = None
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class Evidence:
     report: Any  # evotrainer.diagnose.HealthReport
     samples: Sequence[Any]  # StoredRollout examples, failing ones first
     history: Sequence[Mapping[str, Any]] = ()  # earlier rounds' metrics, oldest first
+    # Where the round lives, for an agent that reads it through the tool surface itself
+    # (propose/llm_tools.py): the workspace root and the run's name.
+    workdir: Any = None
+    run: str | None = None
 
 
 class Agent(Protocol):
