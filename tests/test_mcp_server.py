@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from test_agent_tools import CANDIDATE, _row  # tests/ is on sys.path
 from test_coevolve import plain_config, seed_round
@@ -237,3 +238,23 @@ def test_the_config_accepts_the_external_agent():
 
     cfg = load_config(TINY, ["coevolve.agent=external", "coevolve.external.timeout_s=5"])
     assert cfg.coevolve.agent == "external" and cfg.coevolve.external.timeout_s == 5
+
+
+def test_ctrl_c_while_waiting_leaves_the_round_open_to_resume(tmp_path):
+    """A KeyboardInterrupt in the wait closes nothing: the agent can still submit, and the
+    resumed wait (`coevolve --resume` runs stage_propose again) finds what it did."""
+    from evotrainer.propose.external import wait_for_agent
+
+    loop = make_loop(tmp_path)
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        wait_for_agent(loop.ws.root, "tiny", 0, timeout_s=60, poll_s=0.1, max_submissions=1, sleep=interrupt)
+    assert read_done(loop.ws.root, "tiny", 0) is None
+    with Toolbox(loop.ws.root, "tiny", 0) as tb:
+        assert tb.call("finish_round", {"note": "nothing worth submitting"})["ok"]
+        assert tb.call("finish_round", {})["error"]["kind"] == "bad_arguments"  # once a round
+    waited = wait_for_agent(loop.ws.root, "tiny", 0, timeout_s=60, poll_s=0.1, max_submissions=1, sleep=interrupt)
+    assert (waited.outcome, waited.submissions, waited.note) == ("finished", [], "nothing worth submitting")
