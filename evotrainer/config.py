@@ -182,10 +182,20 @@ class LLMAgentConfig(_Strict):
     max_submissions: int = Field(2, ge=1)  # tools: candidates the model may submit
 
 
+class ExternalAgentConfig(_Strict):
+    """`coevolve.agent: external`: any MCP client (`evotrainer mcp`) is the outer agent; the loop
+    waits for it (propose/external.py)."""
+
+    timeout_s: float = Field(3600.0, gt=0)  # past it, the round goes on with what was submitted
+    poll_s: float = Field(2.0, gt=0)  # how often the loop looks for the agent's finish marker
+    max_calls: int = Field(200, ge=1)  # tool calls the agent may make in a round
+    max_submissions: int = Field(1, ge=1)  # candidates it may submit to the gate in a round
+
+
 class CoevolveConfig(_Strict):
     """The outer loop (trusted config): agent choice and the verification rule."""
 
-    agent: Literal["rules", "llm"] = "rules"
+    agent: Literal["rules", "llm", "external"] = "rules"
     max_proposals: int = Field(8, ge=1)  # backtested per round; at most one is promoted
     enable_skills: list[str] = Field(default_factory=list)  # off-by-default skills to allow
     verify_z: float = Field(2.0, ge=0)  # a regression beyond z standard errors reverts
@@ -197,6 +207,7 @@ class CoevolveConfig(_Strict):
     # 0: such changes are rejected.
     pilot_steps: int = Field(4, ge=0)
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
+    external: ExternalAgentConfig = Field(default_factory=ExternalAgentConfig)
 
 
 class JudgeRoleConfig(_Strict):

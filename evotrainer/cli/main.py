@@ -21,6 +21,7 @@ from evotrainer.cli.experience import app as experience_app
 from evotrainer.cli.grade import grade_cmd
 from evotrainer.cli.harness import app as harness_app
 from evotrainer.cli.judge import judge_cmd
+from evotrainer.cli.mcp import mcp_cmd
 from evotrainer.cli.report import report_cmd
 from evotrainer.cli.review import review_cmd
 from evotrainer.cli.rollouts import app as rollouts_app
@@ -103,7 +104,9 @@ def _print_train_summary(session, result) -> None:
 def coevolve(
     domain: str | None = DomainOpt,
     rounds: int = typer.Option(3, "--rounds", help="Rounds to run (with --resume: the run's total)."),
-    agent: str | None = typer.Option(None, "--agent", help="Outer agent: rules (default, offline) or llm."),
+    agent: str | None = typer.Option(None, "--agent", help="Outer agent: rules (default, "
+                                        "offline), llm, or external (any MCP client via `evotrainer mcp`; "
+                                        "the loop waits for it)."),
     workdir: Path | None = WorkdirOpt,
     approve: bool = typer.Option(False, "--approve", help="Pause before each promotion: show the diff "
                                  "and the backtest, and wait for yes/no."),
@@ -249,6 +252,7 @@ app.command("grade")(grade_cmd)
 app.command("domains")(domains_cmd)
 app.command("judge")(judge_cmd)
 app.command("review")(review_cmd)
+app.command("mcp")(mcp_cmd)
 app.add_typer(skills_app, name="skills")
 app.add_typer(experience_app, name="experience")
 app.add_typer(tasks_app, name="tasks")

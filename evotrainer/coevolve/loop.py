@@ -200,6 +200,9 @@ class Coevolution:
         from evotrainer.skills import SkillLibrary
 
         report = self.report or self._reload_report(state)
+        if self.config.coevolve.agent == "external":
+            self._propose_external(state, report)
+            return
         with Store.open(self.ws.root, self.config.store.url) as store:
             run_id = store.run_id(self.config.run_name)
             rows = list(store.iter_rollouts(run_id=run_id, round_index=state.round))
@@ -228,6 +231,53 @@ class Coevolution:
         if worked is not None:
             self.console.print(f"  its round ended {worked.ending} after {worked.tool_calls} tool call(s), "
                                f"{worked.tokens} tokens, {worked.seconds:.0f}s: {worked.detail}")
+
+    def _propose_external(self, state: RunState, report) -> None:
+        """Wait for an MCP client to drive the round (propose/external.py), then take its
+        submitted branches as the round's candidates, as they are: the gate backtests them again."""
+        from evotrainer.propose.external import (
+            mcp_command,
+            playbook_path,
+            render_playbook,
+            wait_for_agent,
+            write_session,
+        )
+        from evotrainer.tools import TOOLS
+
+        ext, run = self.config.coevolve.external, self.config.run_name
+        session = write_session(self.ws.root, run, state.round, self.config)
+        alerts = [f"{p.level} {p.dimension}/{p.name} = {p.value:.3f}" for p in report.alerts]
+        playbook = playbook_path(self.ws.root)
+        playbook.write_text(render_playbook(workdir=self.ws.root.resolve(), run=run, round_index=state.round,
+                                            domain=self.config.domain.name, session=session, alerts=alerts,
+                                            tools=list(TOOLS.values())), encoding="utf-8")
+        self.console.print(f"[bold]round {state.round} waits for an external agent[/] (at most {ext.timeout_s:.0f} s)\n"
+                           f"  playbook: {playbook}\n"
+                           f"  MCP server (stdio) for your agent: {mcp_command(self.ws.root)}\n"
+                           f"  e.g. claude mcp add evotrainer -- {mcp_command(self.ws.root)}\n"
+                           "  Ctrl-C is safe: `evotrainer coevolve --resume` waits again")
+        waited = wait_for_agent(self.ws.root, run, state.round, timeout_s=ext.timeout_s, poll_s=ext.poll_s,
+                                max_submissions=ext.max_submissions)
+        taken, skipped = [], []
+        for s in waited.submissions[: ext.max_submissions]:
+            branch = s["branch"]
+            if branch not in self.repo.candidates() or self.repo.resolve(f"refs/heads/{branch}") != s["sha"]:
+                skipped.append(branch)  # the gate must test the commit that was submitted
+                continue
+            if all(c.branch != branch for c in state.candidates):
+                head = self.repo.log(rev=f"refs/heads/{branch}", limit=1)[0]
+                slug = branch.removeprefix(f"candidate/{state.round}-")
+                state.candidates.append(Candidate(slug, branch, None, {}, head.trailers.get("Targets", ""),
+                                                  head.trailers.get("Expected", "")))
+            taken.append(branch)
+        state.agent = {"agent": "external", "outcome": waited.outcome, "seconds": round(waited.seconds, 1),
+                       "submitted": len(waited.submissions), "taken": taken, "skipped": skipped,
+                       "note": waited.note}
+        state.save(self.state_path)
+        colour = "yellow" if waited.outcome == "timeout" else "green"
+        self.console.print(f"external agent: [{colour}]{waited.outcome}[/] after {waited.seconds:.0f} s, "
+                           f"{len(taken)} submission(s) taken"
+                           + (f", {len(skipped)} skipped (branch gone or moved): {', '.join(skipped)}" if skipped else ""))
 
     def stage_backtest(self, state: RunState) -> None:
         selector = Selector(run=self.config.run_name, round=state.round)
@@ -337,6 +387,7 @@ class Coevolution:
                    "validation_success": metrics.get("validation_success"),
                    "train_reward": metrics.get("train_reward"),
                    "proposals": len(state.candidates),
+                   "agent": state.agent,
                    "passed": sum(c.decision == "promote" for c in state.candidates),
                    "promoted": promoted,
                    "verified": state.verdict,
@@ -346,6 +397,7 @@ class Coevolution:
         self._print_summary(summary)
         state.round += 1
         state.candidates = []
+        state.agent = None
         state.verdict = None
         state.stage_seconds = {}
         state.advance("train", self.state_path)

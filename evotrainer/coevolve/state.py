@@ -69,6 +69,9 @@ class RunState:
     # backtest, pilot, promote), saved as each stage ends; a stage a kill interrupted counts
     # only the run that finished it.
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # This round's external agent (coevolve.agent: external): how its wait ended (finished,
+    # submit_limit, timeout), its submissions, those taken as candidates and those skipped.
+    agent: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path) -> RunState | None:

@@ -8,10 +8,10 @@ surface.py holds the Toolbox (budget, argument checks, transcript), registry.py 
 and its JSON schemas, read.py and act.py the tools, transcript.py the per-round JSON-lines log.
 """
 
-from evotrainer.tools.act import read_submissions, submissions_path
+from evotrainer.tools.act import done_path, read_done, read_submissions, submissions_path
 from evotrainer.tools.registry import ERROR_KINDS, TOOLS, Tool, ToolError
 from evotrainer.tools.surface import Toolbox
 from evotrainer.tools.transcript import Transcript, transcript_path
 
-__all__ = ["ERROR_KINDS", "TOOLS", "Tool", "ToolError", "Toolbox", "Transcript", "read_submissions",
-           "submissions_path", "transcript_path"]
+__all__ = ["ERROR_KINDS", "TOOLS", "Tool", "ToolError", "Toolbox", "Transcript", "done_path", "read_done",
+           "read_submissions", "submissions_path", "transcript_path"]

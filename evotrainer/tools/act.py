@@ -1,9 +1,10 @@
 """Analyse and act: run a probe or the agent's own analysis (sandboxed), write and revise candidates,
-backtest them, and submit at most N for the round.
+backtest them, submit at most N for the round, and finish the round.
 
 Nothing here promotes, merges or reverts: a candidate is a branch (HarnessRepo.propose), a
-backtest is the engine's and the gate's (evotrainer.backtest), and a submission is a record in
-`<workdir>/agent/<run>/round-<k>.submitted.json` for the loop to pick up.
+backtest is the engine's and the gate's (evotrainer.backtest), a submission is a record in
+`<workdir>/agent/<run>/round-<k>.submitted.json` for the loop to pick up, and finishing writes
+`round-<k>.done.json`, the marker an external agent's round waits for (propose/external.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,26 @@ def read_submissions(workdir: Path | str, run: str, round_index: int) -> list[di
     """The candidates the agent submitted for a round, in order (the loop's input; [] when none)."""
     path = submissions_path(workdir, run, round_index)
     return list(json.loads(path.read_text(encoding="utf-8"))["candidates"]) if path.is_file() else []
+
+
+def done_path(workdir: Path | str, run: str, round_index: int) -> Path:
+    return Path(workdir) / "agent" / run / f"round-{round_index}.done.json"
+
+
+def read_done(workdir: Path | str, run: str, round_index: int) -> dict[str, Any] | None:
+    """The agent's finish record for a round ({note, submitted, finished_at}), or None before it."""
+    path = done_path(workdir, run, round_index)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def mark_done(workdir: Path | str, run: str, round_index: int, note: str = "",
+              outcome: str = "finished") -> dict[str, Any]:
+    """Close a round to submissions: the agent's finish_round, or the loop when it stops waiting."""
+    record = {"run": run, "round": round_index, "outcome": outcome, "note": note,
+              "submitted": [s["branch"] for s in read_submissions(workdir, run, round_index)],
+              "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    write_json(done_path(workdir, run, round_index), record, indent=2)
+    return record
 
 
 def _public(sr: StoredRollout) -> Rollout:
@@ -225,6 +246,8 @@ def backtest_candidate(tb: Toolbox, branch: str) -> dict[str, Any]:
       "act", {"branch": BRANCH}, required=("branch",))
 def submit_candidate(tb: Toolbox, branch: str) -> dict[str, Any]:
     _this_round(tb, branch)
+    if read_done(tb.ws.root, tb.run, tb.round) is not None:  # the loop may have read them already
+        raise ToolError(REFUSED, f"round {tb.round} is finished: no more submissions")
     path = submissions_path(tb.ws.root, tb.run, tb.round)
     done = read_submissions(tb.ws.root, tb.run, tb.round)
     if any(s["branch"] == branch for s in done):
@@ -238,3 +261,15 @@ def submit_candidate(tb: Toolbox, branch: str) -> dict[str, Any]:
                  "submitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     write_json(path, {"run": tb.run, "round": tb.round, "max": tb.max_submissions, "candidates": done}, indent=2)
     return {"submitted": [s["branch"] for s in done], "remaining": tb.max_submissions - len(done)}
+
+
+@tool("finish_round", "Finish this round: the loop takes the submitted candidates (none is fine) to its own "
+      "backtest and gate; no submission after this.", "act",
+      {"note": {"type": "string", "maxLength": 2000, "description": "what you found, for the round's record"}})
+def finish_round(tb: Toolbox, note: str = "") -> dict[str, Any]:
+    done = read_done(tb.ws.root, tb.run, tb.round)
+    if done is not None:
+        raise ToolError(BAD_ARGUMENTS, f"round {tb.round} was already finished at {done['finished_at']} "
+                                       f"({done['note'] or done['outcome']})")
+    record = mark_done(tb.ws.root, tb.run, tb.round, note=note)
+    return {"finished": True, "submitted": record["submitted"]}
