@@ -71,7 +71,7 @@ async def call(session: ClientSession, name: str, args: dict[str, Any]) -> tuple
     """(isError, the Toolbox's answer) of one call."""
     result = await session.call_tool(name, args)
     [block] = result.content
-    return result.is_error, json.loads(block.text)
+    return result.isError, json.loads(block.text)
 
 
 async def ok(session: ClientSession, name: str, args: dict[str, Any]) -> Any:
@@ -98,7 +98,7 @@ def test_an_external_agent_drives_a_round_and_the_gate_promotes_it(tmp_path):
     waiting = threading.Thread(target=loop.stage_propose, args=(state,))
     waiting.start()  # the loop waits for the agent, as `coevolve --agent external` does
     deadline = time.monotonic() + 30
-    while not session_path(loop.ws.root, "tiny", 0).is_file():
+    while not (session_path(loop.ws.root, "tiny", 0).is_file() and playbook_path(loop.ws.root).is_file()):
         assert time.monotonic() < deadline and waiting.is_alive()
         time.sleep(0.05)
     playbook = playbook_path(loop.ws.root).read_text()
@@ -110,7 +110,7 @@ def test_an_external_agent_drives_a_round_and_the_gate_promotes_it(tmp_path):
         listed = (await session.list_tools()).tools
         assert [t.name for t in listed] == list(TOOLS)
         for t in listed:
-            assert t.description == TOOLS[t.name].description and t.input_schema == dict(TOOLS[t.name].schema)
+            assert t.description == TOOLS[t.name].description and t.inputSchema == dict(TOOLS[t.name].schema)
         page = await ok(session, "list_rollouts", {"success": False, "limit": 5})
         assert page["total"] == 62 and len(page["rollouts"]) == 5
         shown = await ok(session, "show_rollout", {"id": page["rollouts"][0]["id"]})

@@ -64,7 +64,7 @@ def tool_list() -> list[Any]:
     from evotrainer.tools import act, read  # noqa: F401  (registers the tools)
     from evotrainer.tools.registry import TOOLS
 
-    return [types.Tool(name=t.name, description=t.description, input_schema=dict(t.schema)) for t in TOOLS.values()]
+    return [types.Tool(name=t.name, description=t.description, inputSchema=dict(t.schema)) for t in TOOLS.values()]
 
 
 def as_result(answer: dict[str, Any]) -> Any:
@@ -72,7 +72,7 @@ def as_result(answer: dict[str, Any]) -> Any:
     from mcp import types
 
     text = json.dumps(answer, default=str)
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=not answer["ok"])
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=not answer["ok"])
 
 
 class ToolboxThread:
@@ -101,16 +101,19 @@ def build_server(tools: ToolboxThread, instructions: str) -> Any:
     from mcp.server.lowlevel import Server
 
     listed = tool_list()
+    server: Any = Server(SERVER_NAME, instructions=instructions)
 
-    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=listed)
+    @server.list_tools()
+    async def list_tools() -> list[types.Tool]:
+        return listed
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        # An unknown name or arguments that do not fit come back from the Toolbox as named error
-        # results, logged in the transcript like every other call.
-        return as_result(await tools.call(params.name, params.arguments or {}))
+    # validate_input off: an unknown name or arguments that do not fit come back from the Toolbox
+    # as named error results, logged in the transcript like every other call.
+    @server.call_tool(validate_input=False)
+    async def call_tool(name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:
+        return as_result(await tools.call(name, arguments or {}))
 
-    return Server(SERVER_NAME, instructions=instructions, on_list_tools=list_tools, on_call_tool=call_tool)
+    return server
 
 
 def serve(session: Session) -> None:
