@@ -132,6 +132,23 @@ def test_an_episode_that_stops_early_leaves_the_batch(policy, domain):
         assert ("<|im_start|>user" in env) == (steps == 2)  # the observation sits in the masked part
 
 
+def test_the_harness_worker_outlives_the_episode_threads(policy, domain):
+    """The isolated harness starts its sandbox worker on its first stop() call, with a parent-death
+    signal: started from an episode's thread, it would die with that thread, and the step's reward
+    call after the episodes would find it dead."""
+    from evotrainer.api import Turn
+    from evotrainer.harness.isolated import isolated_from_folder
+    from evotrainer.paths import HARNESSES_DIR
+
+    harness = isolated_from_folder(HARNESSES_DIR / "swe")
+    try:
+        episodes = _within(300, lambda: _run(policy, domain, _tasks(domain), batched=True, stop=harness.stop))
+        assert "error" not in episodes, episodes
+        assert harness.stop((Turn("system", "s"), Turn("user", "u"))) is None  # the same worker still answers
+    finally:
+        harness.close()
+
+
 class HarnessFault(RuntimeError):
     pass
 

@@ -5,7 +5,9 @@ batched rollouts, train/rollout.py).
 the `generate(ids, max_new)` requests the jobs make: once every job still running waits for a
 reply, their requests go to the model as one left-padded batch. Tool calls and test runs of the
 episodes happen in their threads between requests, so they overlap one another, and the model runs
-only in the calling thread (inside the caller's generation context and under no_grad).
+only in the calling thread (inside the caller's generation context and under no_grad). `call(fn)`
+runs other work in the calling thread too (the harness's `stop`, whose sandbox worker must outlive
+the episode's thread).
 
 Simplifications: a turn's batch waits for every live episode, so one slow tool call holds the
 batch (a batch that left it out would split into ever smaller batches as episodes drift apart);
@@ -16,23 +18,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
 class BatchAborted(RuntimeError):
-    """Raised into an episode's generate request after another episode or the model failed."""
+    """Raised into an episode's request after another episode or the model failed."""
 
 
 @dataclass
 class _Request:
-    ids: list[int]
-    max_new: int
-    out: list[int] | None = None
-    size: int = 0  # of the batch it ran in
+    ids: list[int] = field(default_factory=list)  # a generate request: the trace so far
+    max_new: int = 0
+    fn: Callable[[], Any] | None = None  # or a call to run in the batcher's thread
+    done: bool = False
+    out: Any = None
     error: BaseException | None = None
+    size: int = 0  # of the batch it ran in
 
 
 class Batcher:
@@ -44,7 +48,8 @@ class Batcher:
         self.sizes: list[int] = []
         self._cond = threading.Condition()
         self._live = 0  # jobs not finished
-        self._waiting: list[_Request] = []
+        self._waiting: list[_Request] = []  # generate requests
+        self._calls: list[_Request] = []
         self._failed: BaseException | None = None
 
     # -- the episodes' side (their threads)
@@ -52,20 +57,28 @@ class Batcher:
     def generate(self, ids: Sequence[int], max_new: int, sizes: list[int] | None = None) -> list[int]:
         """The new ids after `ids` (at most `max_new`, up to and including the end token); blocks
         until the batch this request joins has run. `sizes` gets that batch's size."""
-        request = _Request(list(ids), max_new)
-        with self._cond:
-            if self._failed is not None:
-                raise BatchAborted("another episode of the batch failed")
-            self._waiting.append(request)
-            self._cond.notify_all()
-            while request.out is None and request.error is None:
-                self._cond.wait()
-        if request.error is not None:
-            raise request.error
-        assert request.out is not None
+        request = self._submit(_Request(list(ids), max_new), self._waiting)
         if sizes is not None:
             sizes.append(request.size)
         return request.out
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) run in the batcher's thread, one call at a time. For what must not start in a
+        short-lived thread: a child process started with a parent-death signal (the harness's
+        sandbox worker) dies when the thread that started it ends."""
+        return self._submit(_Request(fn=lambda: fn(*args)), self._calls).out
+
+    def _submit(self, request: _Request, queue: list[_Request]) -> _Request:
+        with self._cond:
+            if self._failed is not None:
+                raise BatchAborted("another episode of the batch failed")
+            queue.append(request)
+            self._cond.notify_all()
+            while not request.done:
+                self._cond.wait()
+        if request.error is not None:
+            raise request.error
+        return request
 
     # -- the model's side (the calling thread)
 
@@ -91,16 +104,13 @@ class Batcher:
         for t in threads:
             t.start()
         try:
-            while (batch := self._next_batch()) is not None:
+            while (work_ := self._next()) is not None:
                 try:
-                    outs = self._forward(batch)
-                except BaseException as exc:
-                    self._abort(exc)
-                    continue
-                with self._cond:
-                    for request, out in zip(batch, outs):
-                        request.out, request.size = out, len(batch)
-                    self._cond.notify_all()
+                    self._serve(work_)
+                except BaseException as exc:  # the model failed: so does the batch
+                    self._abort(exc, work_)
+                    if not isinstance(exc, Exception):
+                        raise
         except BaseException as exc:  # e.g. KeyboardInterrupt while waiting: release the threads
             self._abort(exc)
             raise
@@ -111,24 +121,44 @@ class Batcher:
             raise self._failed
         return results
 
-    def _next_batch(self) -> list[_Request] | None:
-        """Every live job's request, once all are in; None when no job is left."""
+    def _next(self) -> list[_Request] | None:
+        """The calls waiting, else every live job's generate request once all are in; None when
+        no job is left."""
         with self._cond:
-            while self._live and len(self._waiting) < self._live:
+            while not self._calls and self._live and len(self._waiting) < self._live:
                 self._cond.wait()
-            if not self._live:
+            if self._calls:
+                work, self._calls = self._calls, []
+            elif self._live:
+                work, self._waiting = self._waiting, []
+            else:
                 return None
-            batch, self._waiting = self._waiting, []
-            return batch
+            return work
 
-    def _abort(self, exc: BaseException) -> None:
-        """Keep the first failure and fail every waiting request, so no thread waits forever."""
+    def _serve(self, work: list[_Request]) -> None:
+        if work[0].fn is not None:
+            for request in work:
+                try:
+                    request.out = request.fn()  # type: ignore[misc]
+                except Exception as exc:  # the episode that asked decides what it means
+                    request.error = exc
+        else:
+            for request, out in zip(work, self._forward(work)):
+                request.out, request.size = out, len(work)
+        with self._cond:
+            for request in work:
+                request.done = True
+            self._cond.notify_all()
+
+    def _abort(self, exc: BaseException, serving: Sequence[_Request] = ()) -> None:
+        """Keep the first failure and fail every waiting request (and those being served), so no
+        thread waits forever."""
         with self._cond:
             if self._failed is None:
                 self._failed = exc
-            for request in self._waiting:
-                request.error = BatchAborted(f"the batch failed: {self._failed!r}")
-            self._waiting = []
+            for request in [*self._waiting, *self._calls, *serving]:
+                request.error, request.done = BatchAborted(f"the batch failed: {self._failed!r}"), True
+            self._waiting, self._calls = [], []
             self._cond.notify_all()
 
     def _stop_ids(self) -> set[int]:

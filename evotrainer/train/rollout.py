@@ -27,7 +27,7 @@ path); the transformers backend only (policy.backend=vllm is refused for this sc
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -182,7 +182,8 @@ def run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos
                 for task in tasks]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batcher = Batcher(model, pad_token_id=pad, generation_config=generation_config)
-    stop = _one_at_a_time(stop) if stop is not None else None  # the harness's worker takes one call at a time
+    if stop is not None:  # in the batcher's thread: the harness starts its sandbox worker on the first call
+        stop = functools.partial(batcher.call, stop)
 
     def job(task: Task) -> Callable[[], Episode]:
         def episode() -> Episode:
@@ -193,15 +194,6 @@ def run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos
         return episode
 
     return batcher.run([job(task) for task in tasks])
-
-
-def _one_at_a_time(fn: Callable[..., Any]) -> Callable[..., Any]:
-    lock = threading.Lock()
-
-    def call(*args: Any) -> Any:
-        with lock:
-            return fn(*args)
-    return call
 
 
 class AgentRollout:
