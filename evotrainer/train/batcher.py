@@ -162,8 +162,10 @@ class Batcher:
             self._cond.notify_all()
 
     def _stop_ids(self) -> set[int]:
-        config = self.generation_config or self.model.generation_config
-        eos = getattr(config, "eos_token_id", None)
+        """The ids generate ends a row at (the given config's, else the model's, as generate does)."""
+        eos = getattr(self.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.generation_config, "eos_token_id", None)
         return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     def _forward(self, batch: Sequence[_Request]) -> list[list[int]]:
