@@ -28,6 +28,7 @@ path); the transformers backend only (policy.backend=vllm is refused for this sc
 from __future__ import annotations
 
 import functools
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -128,12 +129,21 @@ class TracePolicy:
 
 
 class BatchedPolicy(TracePolicy):
-    """A TracePolicy whose replies come from the step's shared Batcher (no KV cache across turns)."""
+    """A TracePolicy whose replies come from the step's shared Batcher (no KV cache across turns).
+    `tokenizer_lock` is shared by the step's episodes: a fast tokenizer called from two threads at
+    once can fail ("Already borrowed": each call resets its truncation and padding state)."""
 
-    def __init__(self, batcher: Batcher, tokenizer, **kwargs: Any) -> None:
+    def __init__(self, batcher: Batcher, tokenizer, tokenizer_lock: threading.Lock, **kwargs: Any) -> None:
         super().__init__(batcher.model, tokenizer, **kwargs)
-        self.batcher = batcher
+        self.batcher, self.tokenizer_lock = batcher, tokenizer_lock
         self.batch_sizes: list[int] = []  # the size of the batch each reply came from
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        with self.tokenizer_lock:
+            ids, max_new = self._extend(messages)
+        new = self._generate(ids, max_new)
+        with self.tokenizer_lock:
+            return self._take(new, messages)
 
     def _generate(self, ids: list[int], max_new: int) -> list[int]:
         return self.batcher.generate(ids, max_new, self.batch_sizes)
@@ -182,12 +192,13 @@ def run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos
                 for task in tasks]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     batcher = Batcher(model, pad_token_id=pad, generation_config=generation_config)
+    tokenizer_lock = threading.Lock()
     if stop is not None:  # in the batcher's thread: the harness starts its sandbox worker on the first call
         stop = functools.partial(batcher.call, stop)
 
     def job(task: Task) -> Callable[[], Episode]:
         def episode() -> Episode:
-            policy = BatchedPolicy(batcher, tokenizer, **settings)
+            policy = BatchedPolicy(batcher, tokenizer, tokenizer_lock, **settings)
             done = run_episode(domain, task, policy, limits, stop=stop)
             done.meta["batch_sizes"] = policy.batch_sizes
             return done
