@@ -1,11 +1,14 @@
-"""Seconds per GRPO step of the swe domain with the `edit` scaffold against the `agent` scaffold.
+"""Seconds per GRPO step of the swe domain with the `edit` scaffold against the `agent` scaffold,
+the agent's episodes run one after another (domain.agent.batched=false) and as one batch.
 
-Each scaffold trains one round through train/loop.py's train_round (the real wiring: TRL's
+Each run trains one round through train/loop.py's train_round (the real wiring: TRL's
 rollout_func for agent) on the embedded model and the bundled pack, from the same seed; the step
-time excludes model loading and held-out evaluation. Prints per scaffold: seconds per step, the
-outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout.
+time excludes model loading and held-out evaluation. Prints per run: seconds per step, the
+outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout; then
+the sequential agent step's time over the batched one's. Sampling differs between the two agent
+runs (one RNG stream for the batch), so their endings and token counts differ too.
 
-    python bench/agent_step.py [--steps 1] [--set domain.agent.max_turns=4 ...]
+    python bench/agent_step.py [--steps 1] [--set domain.agent.max_turns=4 ...] [--runs agent-batched ...]
 
 The settings are pinned to the ones this bench has always measured (levels 0-1, 4 generations at
 temperature 1.0, 128 tokens, no gradient checkpointing), so its figures stay comparable while the
@@ -45,23 +48,28 @@ def pinned_harness(folder: Path) -> Path:
     return folder
 
 
-def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
+RUNS = {"edit": ["domain.scaffold=edit"],
+        "agent-sequential": ["domain.scaffold=agent", "domain.agent.batched=false"],
+        "agent-batched": ["domain.scaffold=agent", "domain.agent.batched=true"]}
+
+
+def one(name: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
     from evotrainer.policy import load_policy
     from evotrainer.store import Store
     from evotrainer.train.loop import build_peft, open_session, train_round
     from evotrainer.train.progress import make_progress
 
-    harness = pinned_harness(workdir.parent / f"harness-{scaffold}")
-    cfg = load_config(CONFIGS_DIR / "swe.yaml", [*PINNED_CONFIG, f"harness={harness}", f"domain.scaffold={scaffold}",
+    harness = pinned_harness(workdir.parent / f"harness-{name}")
+    cfg = load_config(CONFIGS_DIR / "swe.yaml", [*PINNED_CONFIG, f"harness={harness}", *RUNS[name],
                                                  "domain.heldout_size=1", "train.prompts_per_step=1",
-                                                 f"run_name=bench-{scaffold}", *overrides])
+                                                 f"run_name=bench-{name}", *overrides])
     session = open_session(cfg, workdir, console)
     model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
     model = build_peft(model, session.grpo)
     with make_progress(console) as progress:
         _, summary = train_round(session, model, tokenizer, 0, steps, progress)
     rows = list(Store.open(workdir).iter_rollouts(run_id=session.run_id))
-    return {"scaffold": scaffold, "step_s": summary.step_time,
+    return {"run": name, "step_s": summary.step_time,
             "kinds": dict(Counter(r.rollout.outcome.kind for r in rows)),
             "endings": dict(Counter(r.rollout.meta.get("exit_status", "-") for r in rows)),
             "tokens": statistics.fmean(r.rollout.num_tokens for r in rows) if rows else 0.0,
@@ -71,7 +79,8 @@ def one(scaffold: str, steps: int, overrides: list[str], workdir: Path, console:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--set", action="append", default=[], help="config override key.sub=value (both runs)")
+    parser.add_argument("--set", action="append", default=[], help="config override key.sub=value (every run)")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     args = parser.parse_args()
     quiet_libraries()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -79,14 +88,17 @@ def main() -> None:
     load = os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="evo-agent-bench-") as tmp:
-        for scaffold in ("edit", "agent"):
-            results.append(one(scaffold, args.steps, args.set, Path(tmp) / scaffold, console))
+        for name in args.runs:
+            results.append(one(name, args.steps, args.set, Path(tmp) / name, console))
     print(f"load average before: {load:.1f}  after: {os.getloadavg()[0]:.1f}  (cores: {os.cpu_count()})")
-    print("| scaffold | s/step | rollouts | mean sampled tokens | outcome kinds | agent endings |")
+    print("| run | s/step | rollouts | mean sampled tokens | outcome kinds | agent endings |")
     print("|---|---:|---:|---:|---|---|")
     for r in results:
-        print(f"| {r['scaffold']} | {r['step_s']:.1f} | {r['rollouts']} | {r['tokens']:.0f} | {r['kinds']} | "
+        print(f"| {r['run']} | {r['step_s']:.1f} | {r['rollouts']} | {r['tokens']:.0f} | {r['kinds']} | "
               f"{r['endings']} |")
+    step = {r["run"]: r["step_s"] for r in results}
+    if {"agent-sequential", "agent-batched"} <= set(step):
+        print(f"agent step, sequential / batched: {step['agent-sequential'] / step['agent-batched']:.2f}x")
 
 
 if __name__ == "__main__":

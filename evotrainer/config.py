@@ -52,6 +52,9 @@ class AgentScaffoldConfig(_Strict):
     max_context_tokens: int = Field(4096, ge=256)  # prompt + all turns; beyond it: context_limit
     max_observation_chars: int = Field(2000, ge=200)  # a tool's output is cut in the middle beyond it
     test_timeout_s: float = Field(60.0, gt=0)  # one run_tests call
+    # a step's episodes advance together (one batched generate per turn, train/batcher.py); false:
+    # one after another, batch-1 with each episode's KV cache kept across turns
+    batched: bool = True
 
 
 class FrontierConfig(_Strict):

@@ -9,21 +9,35 @@ ids, with the chat-template text between replies (the end of the reply, the tool
 assistant header) spliced in at mask 0. Later replies are generated from that exact trace, so the
 ids the loss sees are the ids that were sampled.
 
-Simplifications: episodes run one after another with batch-1 generation (no batching across the
-group); `logprobs` is None (no importance-sampling correction, as on TRL's transformers path); the
-transformers backend only (policy.backend=vllm is refused for this scaffold).
+Two ways to run a step's episodes (`domain.agent.batched`):
+
+- batched (the default): every episode runs `run_agent` in its own thread and the episodes advance
+  turn by turn together: one left-padded `generate` for all episodes still running, while their
+  tool calls and test runs overlap (train/batcher.py). Each turn prefills the whole trace again (no
+  KV cache across turns). Greedy replies match the sequential path's up to the floating-point
+  differences padding brings; sampling draws the whole batch from one RNG stream, so sampled
+  trajectories differ from the sequential path's for the same seed. An episode's `time_limit_s`
+  includes its waits for the batch.
+- sequential: one episode after another, batch-1 generation that keeps each episode's KV cache
+  across turns (`TracePolicy`).
+
+Simplifications: `logprobs` is None (no importance-sampling correction, as on TRL's transformers
+path); the transformers backend only (policy.backend=vllm is refused for this scaffold).
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Task
 from evotrainer.scaffold.agent import EXIT_STATUSES, ContextLimit, run_agent, to_rollout
+from evotrainer.train.batcher import Batcher
 from evotrainer.train.evaluate import EvalResult
 
 _MARK = "\u2063evotrainer-reply\u2063"  # stands in for a reply when rendering the text between replies
@@ -66,8 +80,11 @@ class TracePolicy:
         return tail
 
     def __call__(self, messages: list[dict[str, str]]) -> str:
-        import torch
+        ids, max_new = self._extend(messages)
+        return self._take(self._generate(ids, max_new), messages)
 
+    def _extend(self, messages: Sequence[Mapping[str, str]]) -> tuple[list[int], int]:
+        """Add the text since the last reply to the trace; the ids to reply to and the room left."""
         if self.prompt_ids is None:
             self.prompt_ids = self._encode(self._render(messages))
         else:
@@ -77,18 +94,27 @@ class TracePolicy:
         room = self.max_context_tokens - len(self.prompt_ids) - len(self.completion_ids)
         if room <= 0:
             raise ContextLimit(f"{self.max_context_tokens} tokens used")
-        ids = torch.tensor([self.prompt_ids + self.completion_ids], device=self.model.device)
-        kwargs: dict[str, Any] = {"max_new_tokens": min(self.max_new_tokens, room), "return_dict_in_generate": True,
+        return self.prompt_ids + self.completion_ids, min(self.max_new_tokens, room)
+
+    def _generate(self, ids: list[int], max_new: int) -> list[int]:
+        """Batch-1 generation that keeps the KV cache of the trace for the next turn."""
+        import torch
+
+        tensor = torch.tensor([ids], device=self.model.device)
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new, "return_dict_in_generate": True,
                                   "past_key_values": self._cache}
         if self.generation_config is None:
             kwargs.update(do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
         else:
             kwargs["generation_config"] = self.generation_config
         with torch.no_grad():
-            out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+            out = self.model.generate(input_ids=tensor, attention_mask=torch.ones_like(tensor), **kwargs)
         # transformers 5 names it `cache` (`past_key_values` remains as a deprecated alias, 4.x only has it)
         self._cache = out.cache if "cache" in out else out.past_key_values
-        new = out.sequences[0, ids.shape[1]:].tolist()
+        return out.sequences[0, len(ids):].tolist()
+
+    def _take(self, new: list[int], messages: Sequence[Mapping[str, str]]) -> str:
+        """Add the reply's sampled ids to the trace; the reply's text."""
         end = next((i + 1 for i, t in enumerate(new) if t in self.eos_ids), len(new))
         new = new[:end]  # nothing after the first end token is the model's reply
         self.completion_ids += new
@@ -102,9 +128,31 @@ class TracePolicy:
         return sum(self.env_mask)
 
 
+class BatchedPolicy(TracePolicy):
+    """A TracePolicy whose replies come from the step's shared Batcher (no KV cache across turns).
+    `tokenizer_lock` is shared by the step's episodes: a fast tokenizer called from two threads at
+    once can fail ("Already borrowed": each call resets its truncation and padding state)."""
+
+    def __init__(self, batcher: Batcher, tokenizer, tokenizer_lock: threading.Lock, **kwargs: Any) -> None:
+        super().__init__(batcher.model, tokenizer, **kwargs)
+        self.batcher, self.tokenizer_lock = batcher, tokenizer_lock
+        self.batch_sizes: list[int] = []  # the size of the batch each reply came from
+
+    def __call__(self, messages: list[dict[str, str]]) -> str:
+        with self.tokenizer_lock:
+            ids, max_new = self._extend(messages)
+        new = self._generate(ids, max_new)
+        with self.tokenizer_lock:
+            return self._take(new, messages)
+
+    def _generate(self, ids: list[int], max_new: int) -> list[int]:
+        return self.batcher.generate(ids, max_new, self.batch_sizes)
+
+
 @dataclass
 class Episode:
-    """One finished episode as TRL and the recorder see it."""
+    """One finished episode as TRL and the recorder see it (`meta`: the batched path's
+    `batch_sizes`, the size of the batch each reply came from)."""
 
     rollout: Rollout
     prompt_ids: list[int]
@@ -133,6 +181,32 @@ def agent_rows(tasks: Sequence[Task]) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.task_id} for t in tasks]
 
 
+def run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos_ids: Sequence[int],
+                 generation_config=None, stop=None) -> list[Episode]:
+    """One episode per task (in order), batched or one after another as `limits.batched` says.
+    `generation_config` None decodes greedily. The caller holds the model in its generation state."""
+    settings = {"max_new_tokens": limits.max_new_tokens, "max_context_tokens": limits.max_context_tokens,
+                "eos_ids": eos_ids, "generation_config": generation_config}
+    if not limits.batched:
+        return [run_episode(domain, task, TracePolicy(model, tokenizer, **settings), limits, stop=stop)
+                for task in tasks]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batcher = Batcher(model, pad_token_id=pad, generation_config=generation_config)
+    tokenizer_lock = threading.Lock()
+    if stop is not None:  # in the batcher's thread: the harness starts its sandbox worker on the first call
+        stop = functools.partial(batcher.call, stop)
+
+    def job(task: Task) -> Callable[[], Episode]:
+        def episode() -> Episode:
+            policy = BatchedPolicy(batcher, tokenizer, tokenizer_lock, **settings)
+            done = run_episode(domain, task, policy, limits, stop=stop)
+            done.meta["batch_sizes"] = policy.batch_sizes
+            return done
+        return episode
+
+    return batcher.run([job(task) for task in tasks])
+
+
 class AgentRollout:
     """TRL's `rollout_func` for the agent scaffold. Reads the batch's task ids from
     `trainer.batch_inputs` (set by HarnessGRPOTrainer before generation); returns the traces, the
@@ -152,17 +226,13 @@ class AgentRollout:
         rows = getattr(trainer, "batch_inputs", None)
         if rows is None or len(rows) != len(prompts):
             raise RuntimeError("AgentRollout needs the batch's rows in trainer.batch_inputs (HarnessGRPOTrainer)")
-        episodes = []
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                          generation_kwargs=trainer.generation_kwargs,
                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs
                                          ) as model, torch.no_grad():
-            for row in rows:
-                policy = TracePolicy(model, self.tokenizer, max_new_tokens=self.limits.max_new_tokens,
-                                     max_context_tokens=self.limits.max_context_tokens,
-                                     eos_ids=trainer.eos_token_ids, generation_config=trainer.generation_config)
-                episodes.append(run_episode(self.domain, self.tasks[row["task_id"]], policy, self.limits,
-                                            stop=self.harness.stop))
+            episodes = run_episodes(model, self.tokenizer, self.domain, [self.tasks[r["task_id"]] for r in rows],
+                                    self.limits, eos_ids=trainer.eos_token_ids,
+                                    generation_config=trainer.generation_config, stop=self.harness.stop)
         self.last_batch = episodes
         mode = "train" if trainer.model.training else "eval"
         counts = Counter(e.rollout.meta["exit_status"] for e in episodes)
@@ -177,7 +247,8 @@ class AgentRollout:
 
 
 def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, seed: int) -> EvalResult:
-    """Held-out evaluation of the agent scaffold: one greedy episode per task, the trusted outcome."""
+    """Held-out evaluation of the agent scaffold: one greedy episode per task (one batch over the
+    tasks when `limits.batched`), the trusted outcome."""
     import torch
 
     torch.manual_seed(seed)
@@ -189,10 +260,9 @@ def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, s
     if checkpointing:  # it turns the KV cache off: every new token would recompute the prefix
         base.gradient_checkpointing_disable()
     try:
-        for task in tasks:
-            policy = TracePolicy(model, tokenizer, max_new_tokens=limits.max_new_tokens,
-                                 max_context_tokens=limits.max_context_tokens, eos_ids=[tokenizer.eos_token_id])
-            outcome = run_episode(domain, task, policy, limits).rollout.outcome
+        episodes = run_episodes(model, tokenizer, domain, tasks, limits, eos_ids=[tokenizer.eos_token_id])
+        for task, episode in zip(tasks, episodes):
+            outcome = episode.rollout.outcome
             result.successes += int(outcome.success)
             result.kinds[outcome.kind] += 1
             if outcome.success:
@@ -220,5 +290,5 @@ def evaluate_heldout_agent(session, model, tokenizer, round_id: int | None, adap
     return results
 
 
-__all__ = ["AgentRollout", "Episode", "TracePolicy", "agent_rows", "evaluate_agent", "evaluate_heldout_agent",
-           "run_episode"]
+__all__ = ["AgentRollout", "BatchedPolicy", "Episode", "TracePolicy", "agent_rows", "evaluate_agent",
+           "evaluate_heldout_agent", "run_episode", "run_episodes"]

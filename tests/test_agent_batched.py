@@ -1,0 +1,181 @@
+"""The agent scaffold's batched episodes (train/batcher.py through train/rollout.py:run_episodes),
+with the embedded model and real sandboxed repos: greedy batched episodes reply as the sequential
+path does, an episode that ends early leaves the batch without stalling the others, and a failure
+in one episode reaches the caller instead of hanging the rest."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from evotrainer.config import AgentScaffoldConfig
+from evotrainer.domains.swe import SweDomain, split_of
+from evotrainer.train.rollout import run_episodes
+from tests.clamp_task import clamp_repo, clamp_row
+
+pytestmark = pytest.mark.usefixtures("isolated_swe_cache")
+
+# Problem statements of different lengths, so the batch's prompts are left-padded.
+STATEMENTS = ["clamp(10.5, 0, 10) returns 10.5",
+              "clamp(x, lo, hi) should never return more than hi, but clamp(10.5, 0, 10) gives 10.5 back. "
+              "Please find the comparison that lets values just above hi through and fix it.",
+              "clamp is wrong above hi; fix it. (short)"]
+
+
+def _train_ids(n: int) -> list[str]:
+    ids, k = [], 0
+    while len(ids) < n:
+        if split_of(f"batch-{k}", 0.2) == "train":
+            ids.append(f"batch-{k}")
+        k += 1
+    return ids
+
+
+@pytest.fixture(scope="module")
+def domain(tmp_path_factory) -> SweDomain:
+    root = clamp_repo(tmp_path_factory.mktemp("agent-batched") / "repo")
+    rows = [{**clamp_row(root, iid), "problem_statement": text} for iid, text in zip(_train_ids(3), STATEMENTS)]
+    path = root.parent / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return SweDomain(levels=(0,), source=str(path), scaffold="agent")
+
+
+@pytest.fixture(scope="module")
+def policy(embedded_model_dir):
+    from evotrainer.policy import load_policy
+
+    model, tokenizer = load_policy(str(embedded_model_dir))
+    return model.eval(), tokenizer
+
+
+def _tasks(domain: SweDomain) -> list:
+    by_id = {t.task_id: t for t in domain.tasks("train", 3, 0)}
+    return [by_id[i] for i in _train_ids(3)]  # in STATEMENTS order
+
+
+def _limits(batched: bool) -> AgentScaffoldConfig:
+    return AgentScaffoldConfig(max_turns=2, max_new_tokens=6, batched=batched, max_format_errors=3)
+
+
+def _run(policy, domain, tasks, batched: bool, stop=None) -> list:
+    model, tokenizer = policy
+    return run_episodes(model, tokenizer, domain, tasks, _limits(batched), eos_ids=[tokenizer.eos_token_id],
+                        stop=stop)
+
+
+def _within(seconds: float, fn):
+    """fn()'s result or exception; fails the test instead of hanging when fn does not return."""
+    box: dict = {}
+
+    def call() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s: the batch hangs"
+    return box
+
+
+def _replies(episode) -> list[str]:
+    return [t.content for t in episode.rollout.turns if t.role == "assistant"]
+
+
+def test_greedy_batched_episodes_reply_as_the_sequential_ones(policy, domain):
+    tasks = _tasks(domain)
+    sequential = _run(policy, domain, tasks, batched=False)
+    batched = _within(300, lambda: _run(policy, domain, tasks, batched=True))["result"]
+    lengths = {len(e.prompt_ids) for e in batched}
+    assert len(lengths) == 3, "the prompts should differ in length, so the batch is padded"
+    for s, b in zip(sequential, batched):
+        # Left padding moves the logits by float rounding only. On this model, at 6 greedy tokens a
+        # turn, no argmax flips (checked on every run so far), so the traces match token for token.
+        # Should a model or transformers update flip a near-tie, the exit status and the first
+        # reply of the longest prompt (no padding) are what stays robust.
+        assert b.prompt_ids == s.prompt_ids
+        assert b.completion_ids == s.completion_ids and b.env_mask == s.env_mask
+        assert _replies(b) == _replies(s)
+        assert b.rollout.meta["exit_status"] == s.rollout.meta["exit_status"]
+        assert b.rollout.outcome.kind == s.rollout.outcome.kind
+        assert b.meta["batch_sizes"] == [3] * b.rollout.meta["steps"]  # every reply came from one batch of 3
+        assert "batch_sizes" not in s.meta
+
+
+def test_an_episode_that_stops_early_leaves_the_batch(policy, domain):
+    tasks = _tasks(domain)
+
+    def stop(turns):  # a harness stop rule: cut the (short) task after its first observation
+        return "short task" if "(short)" in turns[1].content else None
+
+    episodes = _within(300, lambda: _run(policy, domain, tasks, batched=True, stop=stop))["result"]
+    ended = [e.rollout.meta["exit_status"] for e in episodes]
+    assert ended[2] == "stopped" and episodes[2].rollout.meta["steps"] == 1
+    assert ended[:2] == ["step_limit", "step_limit"]  # 2 turns without a submit (6 tokens cannot act)
+    assert [e.meta["batch_sizes"] for e in episodes] == [[3, 2], [3, 2], [3]]
+    _, tokenizer = policy
+    for e in episodes:
+        assert len(e.completion_ids) == len(e.env_mask)
+        # the runs of mask 1 are exactly the model's replies, in order; the rest is the environment's
+        runs, run = [], []
+        for token, m in zip(e.completion_ids, e.env_mask):
+            if m:
+                run.append(token)
+            elif run:
+                runs, run = [*runs, run], []
+        runs += [run] if run else []
+        assert [tokenizer.decode(r, skip_special_tokens=True) for r in runs] == _replies(e)
+        env = tokenizer.decode([t for t, m in zip(e.completion_ids, e.env_mask) if not m])
+        steps = e.rollout.meta["steps"]
+        assert ("<|im_start|>user" in env) == (steps == 2)  # the observation sits in the masked part
+
+
+def test_the_harness_worker_outlives_the_episode_threads(policy, domain):
+    """The isolated harness starts its sandbox worker on its first stop() call, with a parent-death
+    signal: started from an episode's thread, it would die with that thread, and the step's reward
+    call after the episodes would find it dead."""
+    from evotrainer.api import Turn
+    from evotrainer.harness.isolated import isolated_from_folder
+    from evotrainer.paths import HARNESSES_DIR
+
+    harness = isolated_from_folder(HARNESSES_DIR / "swe")
+
+    def step():  # in one thread, as the trainer's: episodes, then the reward call's stand-in
+        _run(policy, domain, _tasks(domain), batched=True, stop=harness.stop)
+        return harness.stop((Turn("system", "s"), Turn("user", "u")))  # the same worker still answers
+
+    try:
+        box = _within(300, step)  # (the worker dies with _within's thread, so ask before it ends)
+        assert box == {"result": None}, box
+    finally:
+        harness.close()
+
+
+class HarnessFault(RuntimeError):
+    pass
+
+
+def test_a_failing_episode_raises_instead_of_hanging_the_batch(policy, domain):
+    tasks = _tasks(domain)
+
+    def stop(turns):  # a harness stop rule that breaks on one task
+        if "(short)" in turns[1].content:
+            raise HarnessFault("stop() failed")
+        return None
+
+    box = _within(300, lambda: _run(policy, domain, tasks, batched=True, stop=stop))
+    assert isinstance(box.get("error"), HarnessFault), box
+    assert not any(t.name.startswith("episode-") for t in threading.enumerate())
+
+
+def test_the_batched_switch_is_in_the_agent_config():
+    from evotrainer.config import load_config
+    from evotrainer.paths import CONFIGS_DIR
+
+    assert load_config(CONFIGS_DIR / "swe.yaml").domain.agent.batched is True
+    cfg = load_config(CONFIGS_DIR / "swe.yaml", ["domain.scaffold=agent", "domain.agent.batched=false"])
+    assert cfg.domain.agent.batched is False
