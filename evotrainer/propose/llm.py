@@ -304,13 +304,7 @@ class LLMAgent:
     # -------------------------------------------------------- the prompt
 
     def render_prompt(self, evidence: Evidence, sources: Mapping[str, str], skills: Sequence[Any]) -> str:
-        report = evidence.report
-        if report is None:
-            report_text = "(no health report)"
-        elif callable(getattr(report, "to_markdown", None)):
-            report_text = report.to_markdown()
-        else:
-            report_text = str(report)
+        report_text = report_markdown(evidence.report, "(no health report)")
         order = [n for n in HARNESS_FILES if n in sources] + sorted(set(sources) - set(HARNESS_FILES))
         return self.templates.get_template("llm_propose.md.j2").render(
             domain=evidence.domain,
@@ -387,3 +381,12 @@ def _clip(text: str, limit: int) -> str:
     head = limit * 2 // 3
     tail = limit - head
     return f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[-tail:]}"
+
+
+def report_markdown(report: Any, missing: str) -> str:
+    """The health report as the prompts show it (a HealthReport, or whatever text stands in)."""
+    if report is None:
+        return missing
+    if callable(getattr(report, "to_markdown", None)):
+        return report.to_markdown()
+    return str(report)

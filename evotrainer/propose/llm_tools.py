@@ -255,13 +255,9 @@ class LLMToolAgent:
             harness_names=list(HARNESS_FILES), allowed_modules=sorted(ALLOWED_MODULES))
 
     def render_round(self, tb: Toolbox, evidence: Evidence) -> str:
-        report = evidence.report
-        if report is None:
-            text = "(no health report: call `health_report`)"
-        elif callable(getattr(report, "to_markdown", None)):
-            text = report.to_markdown()
-        else:
-            text = str(report)
+        from evotrainer.propose.llm import report_markdown
+
+        text = report_markdown(evidence.report, "(no health report: call `health_report`)")
         return self.templates.get_template("llm_round.md.j2").render(
             domain=evidence.domain, run=tb.run, round_index=tb.round, max_submissions=tb.max_submissions,
             report=_cut(text.strip(), self.max_report_chars))
