@@ -71,6 +71,8 @@ CASES: dict[str, list[list[str]]] = {
     "tasks import": [["{missing}.jsonl", "--out", "{tmp}/tasks.jsonl"]],
     "tasks fetch": [["--pack", "{missing}"]],
     "tasks list": [["{missing}.jsonl"]],
+    "mcp": [["--workdir", "{missing}"], ["--workdir", "{ws}"],  # no coevolve.json to say which round
+            ["--workdir", "{ws}", "--max-calls", "0"]],
     "tasks frontier": [["--workdir", "{missing}"], ["--workdir", "{tmp}", "--domain", "swe"]],
 }
 

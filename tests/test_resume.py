@@ -103,6 +103,7 @@ def _history(workdir: Path) -> list[dict]:
     state = json.loads((workdir / "coevolve.json").read_text())
     for h in state["history"]:
         h.pop("harness")  # main's sha when the round trained: commit times differ, trees are in _lineage
+        h.pop("stage_seconds")  # wall time; a killed attempt's seconds are not carried over
         for c in h["candidates"]:
             c.pop("backtest")  # ids carry the time they were made
             c["reasons"] = [r for r in c["reasons"] if "of its" not in r]  # "took 0.5 s of its 600 s budget"
