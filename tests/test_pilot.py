@@ -122,3 +122,49 @@ def test_coevolve_pilots_a_temperature_change_on_the_real_model(tmp_path: Path):
     c.decision = "pilot"
     loop.stage_backtest(state)
     assert state.candidates[0].pilot == before
+
+
+def test_a_pilot_that_could_not_judge_its_targets_trains_nothing(tmp_path: Path):
+    """Targets naming no probe (here a backtest metric) are refused before either arm trains: the
+    arms would cost minutes each and the verdict would be a reject anyway."""
+    from evotrainer.coevolve.pilot import run_pilot
+    from evotrainer.console import make_console
+    from evotrainer.harness.repo import HarnessRepo
+    from evotrainer.skills import set_yaml_key
+    from evotrainer.store import Store
+    from evotrainer.workspace import ensure_workspace
+
+    ws = ensure_workspace(tmp_path / "work", "math")
+    repo = HarnessRepo(ws.harnesses)
+    spec = read_sources(HARNESSES_DIR / "math")["harness.yaml"]
+    branch = repo.propose(0, "longer", {"harness.yaml": set_yaml_key(spec, "grpo.max_completion_length", 256)},
+                          diagnosis="most rollouts are cut off", targets="effective_data_ratio",
+                          expected="fewer truncations").branch
+    cfg = load_config(TINY, [])
+    result = run_pilot(cfg, ws.root, repo, branch=branch, slug="longer", targets="effective_data_ratio",
+                       round_index=0, change={"max_completion_length": [128, 256]}, console=make_console(stderr=True))
+    assert result.decision == "reject" and result.runs == {}
+    assert "not trained" in result.reasons[0] and "name no probe" in result.reasons[0]
+    with Store.open(ws.root) as store:
+        assert store.run_id(pilot_run(cfg.run_name, "base")) is None
+
+
+def test_every_piloted_skill_targets_a_probe_the_pilot_measures(tmp_path: Path):
+    """A skill whose edit is a dynamics change (so it goes to the pilot) must name in its Targets a
+    probe of the seed diagnostics, or its pilot can only refuse it (longer-completions once
+    targeted effective_data_ratio, a backtest metric)."""
+    from evotrainer.coevolve.pilot import target_probe
+    from evotrainer.diagnose.health import FALSE_DROP
+    from evotrainer.harness.repo import HarnessRepo
+    from evotrainer.workspace import ensure_workspace
+
+    piloted = set()
+    for domain in ("math", "code", "swe"):
+        seed = read_sources(HARNESSES_DIR / domain)
+        with HarnessRepo(ensure_workspace(tmp_path / domain, domain).harnesses).load("main") as harness:
+            measured = {p.name for p in harness.probes} | {FALSE_DROP}
+        for skill in SkillLibrary.load().filter(domain=domain):
+            if any(dynamics_change(seed, {**seed, **skill.render(seed, point)}) for point in skill.grid_points()):
+                piloted.add(skill.name)
+                assert target_probe(skill.targets, measured), f"{skill.name} ({domain}): {skill.targets!r}"
+    assert {"raise-temperature", "lower-learning-rate", "longer-completions"} <= piloted

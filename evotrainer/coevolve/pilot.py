@@ -19,7 +19,7 @@ other. Both arms' rows stay in the store, so the evidence can be read back (`evo
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from rich.console import Console
 from evotrainer.coevolve.control import train_arm
 from evotrainer.coevolve.verify import verify_paired
 from evotrainer.config import Config
+from evotrainer.diagnose.health import FALSE_DROP
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.harness.spec import parse_spec
 from evotrainer.store import Store
@@ -49,6 +50,14 @@ def needs_pilot(report: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
     """A dynamics change whose backtest failed no check but its target (which replay cannot move)."""
     failed = [c["name"] for c in report.get("checks") or [] if not c["passed"]]
     return bool(change) and bool(report.get("checks")) and all(n.startswith("target") for n in failed)
+
+
+NO_PROBE = "its Targets ({targets!r}) name no probe of main's diagnostics, so a pilot cannot tell whether it fixed anything"
+
+
+def target_probe(targets: str, probes: Collection[str]) -> str | None:
+    """The first word of a candidate's Targets that names one of `probes`: what its pilot judges."""
+    return next((w for w in re.findall(r"[A-Za-z_]+", targets or "") if w in probes), None)
 
 
 def pilot_run(run_name: str, arm: str) -> str:
@@ -76,6 +85,12 @@ def run_pilot(config: Config, root: Path, repo: HarnessRepo, *, branch: str, slu
     """Train (or reuse) both arms and judge the candidate; see the module doc."""
     steps = config.coevolve.pilot_steps
     index = round_index + 1
+    with repo.load("main") as harness:
+        measured = {p.name for p in harness.probes} | {FALSE_DROP}
+    if target_probe(targets, measured) is None:  # judged before training: the arms would be wasted
+        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
+        return PilotResult("reject", [f"pilot ({what}): not trained: {NO_PROBE.format(targets=targets)}"],
+                           None, None, None, "", None, dict(change))
     arms = {"base": "main", slug: branch}
     for arm, rev in arms.items():
         with repo.load(rev) as harness:
@@ -107,15 +122,14 @@ def arm_evidence(config: Config, root: Path, repo: HarnessRepo, runs: Mapping[st
 def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_evals: list, cand_evals: list,
           targets: str, config: Config, change: dict) -> PilotResult:
     """The pilot's decision from both arms' probes (name -> ProbeResult) and validation evals."""
-    target = next((w for w in re.findall(r"[A-Za-z_]+", targets or "") if w in cand_probes), None)
+    target = target_probe(targets, cand_probes)
     what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
     if not base_evals or not cand_evals:
         return PilotResult("reject", [f"pilot ({what}): an arm has no validation evals "
                                       "(domain.validation_size 0, or a train pool too small to carve one)"], target, None, None, "", None, change)
     verdict = verify_paired(base_evals, cand_evals, config.coevolve.verify_z)
     if target is None:
-        return PilotResult("reject", [f"pilot ({what}): its Targets ({targets!r}) name no probe of the "
-                                      "diagnostics, so the pilot cannot tell whether it fixed anything"],
+        return PilotResult("reject", [f"pilot ({what}): {NO_PROBE.format(targets=targets)}"],
                            None, None, None, verdict.describe(), None, change)
     b, c = base_probes[target].value, cand_probes[target].value
     if b is None or c is None:
@@ -135,4 +149,5 @@ def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_e
                        target, b, c, verdict.describe(), improvement / margin if margin else None, change)
 
 
-__all__ = ["PilotResult", "arm_evidence", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot"]
+__all__ = ["PilotResult", "arm_evidence", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot",
+           "target_probe"]
