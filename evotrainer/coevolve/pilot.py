@@ -60,6 +60,10 @@ def target_probe(targets: str, probes: Collection[str]) -> str | None:
     return next((w for w in re.findall(r"[A-Za-z_]+", targets or "") if w in probes), None)
 
 
+def describe_change(change: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
+
+
 def pilot_run(run_name: str, arm: str) -> str:
     return f"{run_name}~pilot-{arm}"
 
@@ -88,8 +92,7 @@ def run_pilot(config: Config, root: Path, repo: HarnessRepo, *, branch: str, slu
     with repo.load("main") as harness:
         measured = {p.name for p in harness.probes} | {FALSE_DROP}
     if target_probe(targets, measured) is None:  # judged before training: the arms would be wasted
-        what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
-        return PilotResult("reject", [f"pilot ({what}): not trained: {NO_PROBE.format(targets=targets)}"],
+        return PilotResult("reject", [f"pilot ({describe_change(change)}): not trained: {NO_PROBE.format(targets=targets)}"],
                            None, None, None, "", None, dict(change))
     arms = {"base": "main", slug: branch}
     for arm, rev in arms.items():
@@ -123,7 +126,7 @@ def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_e
           targets: str, config: Config, change: dict) -> PilotResult:
     """The pilot's decision from both arms' probes (name -> ProbeResult) and validation evals."""
     target = target_probe(targets, cand_probes)
-    what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
+    what = describe_change(change)
     if not base_evals or not cand_evals:
         return PilotResult("reject", [f"pilot ({what}): an arm has no validation evals "
                                       "(domain.validation_size 0, or a train pool too small to carve one)"], target, None, None, "", None, change)
