@@ -5,7 +5,9 @@ Each run trains one round through train/loop.py's train_round (the real wiring: 
 rollout_func for agent) on the embedded model and the bundled pack, from the same seed; the step
 time excludes model loading and held-out evaluation. Prints per run: seconds per step, the
 outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout; then
-the sequential agent step's time over the batched one's. Sampling differs between the two agent
+the sequential agent step's time over the batched one's. Each step is split into generation,
+the episodes' tool calls and test runs (the rollout function's time less its generation), and the
+rest (the loss's forward and backward): the rest is the same work in both agent runs. Sampling differs between the two agent
 runs (one RNG stream for the batch), so their endings and token counts differ too.
 
     python bench/agent_step.py [--steps 1] [--set domain.agent.max_turns=4 ...] [--runs agent-batched ...]
@@ -18,10 +20,12 @@ swe default (configs/swe.yaml, harnesses/swe) moves.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -34,7 +38,8 @@ from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.skills import set_yaml_key
 
 PINNED = {"grpo.num_generations": 4, "grpo.temperature": 1.0, "grpo.max_completion_length": 128}
-PINNED_CONFIG = ["domain.levels=[0,1]", "domain.options.heldout_fraction=0.2", "train.gradient_checkpointing=false"]
+PINNED_CONFIG = ["domain.levels=[0,1]", "domain.options.heldout_fraction=0.2", "train.gradient_checkpointing=false",
+                 "domain.validation_size=0"]  # the evaluation after the step is not timed: keep it to one task
 
 
 def pinned_harness(folder: Path) -> Path:
@@ -53,6 +58,46 @@ RUNS = {"edit": ["domain.scaffold=edit"],
         "agent-batched": ["domain.scaffold=agent", "domain.agent.batched=true"]}
 
 
+class Parts:
+    """Seconds inside the agent scaffold's rollout function (the episodes: generation, tool calls,
+    test runs) and in `generate` while the model trains (TRL's generation for edit; the episodes'
+    for agent; evaluation switches the model to eval mode and is not counted). The rest of a
+    step is the loss's forward and backward and TRL's bookkeeping."""
+
+    def __init__(self) -> None:
+        self.episodes = self.generation = 0.0
+
+    @contextlib.contextmanager
+    def timing(self):
+        from transformers.generation.utils import GenerationMixin
+
+        from evotrainer.train.rollout import AgentRollout
+
+        generate, rollout = GenerationMixin.generate, AgentRollout.__call__
+        parts = self
+
+        def timed_generate(model, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return generate(model, *args, **kwargs)
+            finally:
+                if model.training:
+                    parts.generation += time.perf_counter() - started
+
+        def timed_rollout(self_, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return rollout(self_, *args, **kwargs)
+            finally:
+                parts.episodes += time.perf_counter() - started
+
+        GenerationMixin.generate, AgentRollout.__call__ = timed_generate, timed_rollout
+        try:
+            yield self
+        finally:
+            GenerationMixin.generate, AgentRollout.__call__ = generate, rollout
+
+
 def one(name: str, steps: int, overrides: list[str], workdir: Path, console: Console) -> dict:
     from evotrainer.policy import load_policy
     from evotrainer.store import Store
@@ -66,10 +111,14 @@ def one(name: str, steps: int, overrides: list[str], workdir: Path, console: Con
     session = open_session(cfg, workdir, console)
     model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
     model = build_peft(model, session.grpo)
-    with make_progress(console) as progress:
+    with make_progress(console) as progress, Parts().timing() as parts:
         _, summary = train_round(session, model, tokenizer, 0, steps, progress)
+    episodes = parts.episodes / steps
+    generation = parts.generation / steps
     rows = list(Store.open(workdir).iter_rollouts(run_id=session.run_id))
-    return {"run": name, "step_s": summary.step_time,
+    return {"run": name, "step_s": summary.step_time, "generation_s": generation,
+            "tools_s": max(episodes - generation, 0.0),
+            "rest_s": summary.step_time - (episodes if episodes else generation),
             "kinds": dict(Counter(r.rollout.outcome.kind for r in rows)),
             "endings": dict(Counter(r.rollout.meta.get("exit_status", "-") for r in rows)),
             "tokens": statistics.fmean(r.rollout.num_tokens for r in rows) if rows else 0.0,
@@ -91,11 +140,12 @@ def main() -> None:
         for name in args.runs:
             results.append(one(name, args.steps, args.set, Path(tmp) / name, console))
     print(f"load average before: {load:.1f}  after: {os.getloadavg()[0]:.1f}  (cores: {os.cpu_count()})")
-    print("| run | s/step | rollouts | mean sampled tokens | outcome kinds | agent endings |")
-    print("|---|---:|---:|---:|---|---|")
+    print("| run | s/step | generation | tools and tests | loss and rest | rollouts | mean sampled tokens "
+          "| outcome kinds | agent endings |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in results:
-        print(f"| {r['run']} | {r['step_s']:.1f} | {r['rollouts']} | {r['tokens']:.0f} | {r['kinds']} | "
-              f"{r['endings']} |")
+        print(f"| {r['run']} | {r['step_s']:.1f} | {r['generation_s']:.1f} | {r['tools_s']:.1f} | {r['rest_s']:.1f} | "
+              f"{r['rollouts']} | {r['tokens']:.0f} | {r['kinds']} | {r['endings']} |")
     step = {r["run"]: r["step_s"] for r in results}
     if {"agent-sequential", "agent-batched"} <= set(step):
         print(f"agent step, sequential / batched: {step['agent-sequential'] / step['agent-batched']:.2f}x")

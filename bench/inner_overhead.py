@@ -3,9 +3,13 @@
 Same model, batch, lengths, seed and LoRA config; the plain script's reward is the same trusted
 math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
 machine drift hits both alike, and the first step of each run (warm-up) is dropped.
-Prints per-step times and the ratio ours/plain (target: <= 1.10).
+Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32. A third side,
+`ours-<precision>`, runs our step at the precision our loop uses (train.precision, `auto` by
+default: bf16 autocast for the loss's forward pass where the hardware multiplies bf16 natively,
+train/precision.py), and plain/ours-<precision> is printed: how much faster our step is than
+plain TRL as shipped here.
 
-    python bench/inner_overhead.py [--steps 4] [--repeats 2]
+    python bench/inner_overhead.py [--steps 4] [--repeats 2] [--precision auto]
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def run_plain(session, tasks, steps, seed, workdir) -> list[float]:
     return timer
 
 
-def run_ours(session, tasks, steps, seed, workdir) -> list[float]:
+def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None) -> list[float]:
     from evotrainer.policy import load_policy
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.loop import build_peft, grpo_args
@@ -95,7 +99,7 @@ def run_ours(session, tasks, steps, seed, workdir) -> list[float]:
     timer = StepTimer()
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
-                                 recorder=recorder, callbacks=[timer])
+                                 recorder=recorder, callbacks=[timer], loss_dtype=loss_dtype)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return timer
@@ -109,29 +113,38 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is warm-up)")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side")
+    ap.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="train.precision of the third side (default auto, as our loop runs)")
     args = ap.parse_args()
     quiet_libraries()
     from evotrainer.train.loop import open_session
+    from evotrainer.train.precision import loss_dtype
 
     work = Path(tempfile.mkdtemp(prefix="evotrainer-bench-"))
     cfg = load_config(CONFIGS_DIR / "math.yaml", ["run_name=bench"])
     session = open_session(cfg, work)
     per_prompt = cfg.train.prompts_per_step
     tasks = session.train_tasks[: args.steps * per_prompt]
-    plain, ours = [], []
-    timers: dict[str, list[StepTimer]] = {"plain": [], "ours": []}
+    fast = f"ours-{args.precision}"
+    dtype = loss_dtype(args.precision, "cpu")
+    plain, ours, ours_fast = [], [], []
+    timers: dict[str, list[StepTimer]] = {"plain": [], "ours": [], fast: []}
     for rep in range(args.repeats):
         timers["plain"].append(run_plain(session, tasks, args.steps, 0, work / "plain"))
         plain += timers["plain"][-1].times[1:]
         timers["ours"].append(run_ours(session, tasks, args.steps, 0, work / "ours"))
         ours += timers["ours"][-1].times[1:]
-        print(f"repeat {rep}: plain {statistics.median(plain):.2f} s/step, ours {statistics.median(ours):.2f} s/step",
-              flush=True)
+        timers[fast].append(run_ours(session, tasks, args.steps, 0, work / "ours-fast", dtype))
+        ours_fast += timers[fast][-1].times[1:]
+        print(f"repeat {rep}: plain {statistics.median(plain):.2f} s/step, ours {statistics.median(ours):.2f} s/step, "
+              f"{fast} {statistics.median(ours_fast):.2f} s/step", flush=True)
     g = session.grpo
     print(f"batch: {per_prompt} prompts x {g['num_generations']} completions, "
           f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
     print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
     print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
+    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss): "
+          f"median {statistics.median(ours_fast):.3f} s/step over {len(ours_fast)} steps")
     for side, runs in timers.items():
         lengths = [x for t in runs for x in t.lengths[1:]]
         clipped = [x for t in runs for x in t.clipped[1:]]
@@ -142,6 +155,7 @@ def main() -> int:
     if ratio < 1:
         print(f"our step is faster: plain/ours {1 / ratio:.3f} (see the completion lengths above: "
               "the harness's stop rule and filters change how much each step generates and trains on)")
+    print(f"plain (fp32) / {fast}: {statistics.median(plain) / statistics.median(ours_fast):.3f}")
     return 0
 
 

@@ -11,11 +11,14 @@ around its parts; time is charged to the innermost part running, so nothing is c
 - store: `RolloutRecorder.commit` (the batch's rows into the store)
 - other: the rest of the step (optimizer step, TRL's bookkeeping, padding, logging)
 
+Each `--precision` (train.precision: the loss's forward pass in fp32 or under bf16 autocast) is
+profiled in turn in one process, and the fp32 step time over each other's is printed.
+
 Generation is compared with the memory-bandwidth bound: a decode step reads every weight once
 whatever the batch, so decode steps per second cannot beat bandwidth / weight bytes. Bandwidth
 is measured here with a large tensor copy. The first step (warm-up) is dropped.
 
-    python bench/step_profile.py [--steps 4] [--config configs/math.yaml] [--set key=value ...]
+    python bench/step_profile.py [--steps 4] [--config configs/math.yaml] [--set key=value ...]\n                                 [--precision fp32 bf16]
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Profile:
                 profile.seconds[lab] += total - child
                 if profile.stack:
                     profile.stack[-1][2] += total
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(owner, name, timed)
 
     def wrap_generate(self, owner) -> None:
@@ -111,26 +115,19 @@ def memory_bandwidth(mb: int = 512, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / best
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4, help="steps to train (the first is warm-up)")
-    ap.add_argument("--config", type=Path, default=CONFIGS_DIR / "math.yaml")
-    ap.add_argument("--set", action="append", default=[], help="a config override (key=value)")
-    args = ap.parse_args()
-    if args.steps < 2:
-        ap.error("--steps must be at least 2 (the first step is dropped as warm-up)")
-    quiet_libraries()
+def profile_steps(cfg, steps: int, work: Path) -> tuple[list, Profile, int]:
+    """Train `steps` steps of `cfg` with the timers on; each step's (seconds, parts), the profile
+    and the model's weight bytes."""
+    from datasets import Dataset
     from transformers.generation.utils import GenerationMixin
 
     from evotrainer.policy import load_policy
     from evotrainer.train.grpo import HarnessGRPOTrainer
-    from evotrainer.train.loop import _round_dataset, build_peft, grpo_args, open_session
+    from evotrainer.train.loop import _round_dataset, build_peft, grpo_args, open_session, session_loss_dtype
     from evotrainer.train.recorder import RolloutRecorder, RoundContext
 
-    work = Path(tempfile.mkdtemp(prefix="evotrainer-profile-"))
-    cfg = load_config(args.config, ["run_name=profile", *args.set])
     session = open_session(cfg, work)
-    tasks = session.train_tasks[: args.steps * cfg.train.prompts_per_step]
+    tasks = session.train_tasks[: steps * cfg.train.prompts_per_step]
     model, tok = load_policy(cfg.policy.model)
     model = build_peft(model, session.grpo)
     round_id = session.store.start_round(session.run_id, 0, session.harness.version, "base")
@@ -138,41 +135,65 @@ def main() -> int:
                                RoundContext(session.run_id, round_id, "base", session.harness.version, 0),
                                stop_token_ids=[tok.eos_token_id, tok.pad_token_id])
     rows, scaffold_kwargs = _round_dataset(session, tasks, tok, 0)
-    from datasets import Dataset
-
     profile = Profile()
     clock = StepClock(profile)
-    trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, args.steps, 0, work / "trainer"),
+    trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, 0, work / "trainer"),
                                  train_dataset=Dataset.from_list(rows), processing_class=tok, recorder=recorder,
-                                 callbacks=[clock], **scaffold_kwargs)
+                                 callbacks=[clock], loss_dtype=session_loss_dtype(session), **scaffold_kwargs)
     trainer.remove_callback(PrinterCallback)
+    original = GenerationMixin.generate
     profile.wrap_generate(GenerationMixin)
     profile.wrap(RolloutRecorder, "__call__", "reward + record")
     profile.wrap(RolloutRecorder, "commit", "store")
     profile.wrap(trainer, "_compute_loss", "loss forward")
     profile.wrap(trainer, "_get_per_token_logps_and_entropies", "scoring forward", unless_in="loss forward")
     profile.wrap(trainer.accelerator, "backward", "backward")
-    trainer.train()
-
-    steps = clock.steps[1:]
-    total = statistics.fmean(t for t, _ in steps)
-    g = session.grpo
-    print(f"{cfg.domain.name}: {cfg.train.prompts_per_step} prompts x {g['num_generations']} completions, "
-          f"max_completion_length {g['max_completion_length']}, {len(steps)} steps after warm-up")
-    print(f"mean step {total:.2f} s")
-    labels = sorted({k for _, parts in steps for k in parts}, key=lambda k: -sum(p.get(k, 0) for _, p in steps))
-    for label in labels:
-        sec = statistics.fmean(p.get(label, 0.0) for _, p in steps)
-        print(f"  {label:<16} {sec:8.3f} s  {100 * sec / total:5.1f}%")
+    try:
+        trainer.train()
+    finally:  # the class-level wraps would time the next run twice
+        GenerationMixin.generate = original
+        for name in ("__call__", "commit"):
+            setattr(RolloutRecorder, name, getattr(RolloutRecorder, name).__wrapped__)
     weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    return clock.steps[1:], profile, weights
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4, help="steps to train (the first is warm-up)")
+    ap.add_argument("--config", type=Path, default=CONFIGS_DIR / "math.yaml")
+    ap.add_argument("--set", action="append", default=[], help="a config override (key=value)")
+    ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "auto"],
+                    help="train.precision of each run, side by side (default: fp32 bf16)")
+    args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be at least 2 (the first step is dropped as warm-up)")
+    quiet_libraries()
+    means: dict[str, float] = {}
     bandwidth = memory_bandwidth()
-    bound = bandwidth / weights
-    if profile.decode_seconds:
-        rate = profile.decode_steps / profile.decode_seconds
-        print(f"generation: {profile.decode_steps} decode steps in {profile.decode_seconds:.1f} s = "
-              f"{rate:.1f} steps/s (all steps, warm-up included)")
-        print(f"memory-bandwidth bound: {bandwidth / 1e9:.1f} GB/s copy bandwidth / {weights / 1e6:.0f} MB of "
-              f"weights = {bound:.0f} decode steps/s; measured / bound = {rate / bound:.3f}")
+    for precision in args.precision:
+        work = Path(tempfile.mkdtemp(prefix="evotrainer-profile-"))
+        cfg = load_config(args.config, ["run_name=profile", *args.set, f"train.precision={precision}"])
+        steps, profile, weights = profile_steps(cfg, args.steps, work)
+        total = means[precision] = statistics.fmean(t for t, _ in steps)
+        print(f"{cfg.domain.name}, train.precision={precision}: {cfg.train.prompts_per_step} prompts per step, "
+              f"{len(steps)} steps after warm-up")
+        print(f"mean step {total:.2f} s")
+        labels = sorted({k for _, parts in steps for k in parts}, key=lambda k: -sum(p.get(k, 0) for _, p in steps))
+        for label in labels:
+            sec = statistics.fmean(p.get(label, 0.0) for _, p in steps)
+            print(f"  {label:<16} {sec:8.3f} s  {100 * sec / total:5.1f}%")
+        bound = bandwidth / weights
+        if profile.decode_seconds:
+            rate = profile.decode_steps / profile.decode_seconds
+            print(f"generation: {profile.decode_steps} decode steps in {profile.decode_seconds:.1f} s = "
+                  f"{rate:.1f} steps/s (all steps, warm-up included)")
+            print(f"memory-bandwidth bound: {bandwidth / 1e9:.1f} GB/s copy bandwidth / {weights / 1e6:.0f} MB of "
+                  f"weights = {bound:.0f} decode steps/s; measured / bound = {rate / bound:.3f}")
+    if "fp32" in means:
+        for precision, total in means.items():
+            if precision != "fp32":
+                print(f"step time fp32 / {precision}: {means['fp32'] / total:.2f}x")
     return 0
 
 

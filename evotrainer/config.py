@@ -111,6 +111,9 @@ class TrainConfig(_Strict):
     logging_steps: int = Field(1, ge=1)
     # TRL turns it on by default; on a CPU with a small model it only costs time.
     gradient_checkpointing: bool = False
+    # the loss's forward pass: bf16 autocast, fp32, or auto (bf16 where the hardware multiplies
+    # bf16 natively); generation and evaluation stay fp32 (train/precision.py)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
 
 
 class EvalServerConfig(_Strict):

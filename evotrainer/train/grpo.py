@@ -17,6 +17,9 @@ log-probability, entropy and (beta > 0) KL, and they go into its stored meta, wh
 model_state probes read them. So the recorder holds each batch until that pass has seen every
 row (a `rollout_index` column follows the rows through TRL's shuffle and split) and stores it
 then, before the backward pass.
+
+Precision (train/precision.py): with `loss_dtype` set, every log-prob pass runs under that autocast
+and hands back float32 log-probs and entropies; generation is left in float32.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ class HarnessGRPOTrainer(GRPOTrainer):
     _measured: tuple | None = None  # that pass's (per-token logps, entropies)
 
     def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
-                 experience: ExperienceInjector | None = None, **kwargs):
+                 experience: ExperienceInjector | None = None, loss_dtype: torch.dtype | None = None, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
+        # train.precision: the autocast dtype of every log-prob pass, None for fp32 (train/precision.py)
+        self.loss_dtype = loss_dtype
         # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
         # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
@@ -98,7 +103,13 @@ class HarnessGRPOTrainer(GRPOTrainer):
         return loss
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self.loss_dtype is None:
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        else:  # every log-prob pass alike, so a ratio of two passes compares like with like
+            with torch.autocast(self.accelerator.device.type, dtype=self.loss_dtype):
+                logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            out = (logps.float(), None if entropies is None else entropies.float(),
+                   None if aux is None else aux.float())
         if self._measuring and kwargs.get("compute_entropy"):  # the loss's own pass (GRPOTrainer._compute_loss)
             self._measured = out[0].detach(), out[1].detach()
         return out

@@ -250,6 +250,15 @@ def grpo_config(spec: HarnessSpec, config: Config, steps: int, seed: int, output
     )
 
 
+def session_loss_dtype(session: Session):
+    """The autocast dtype of the loss's forward pass (train.precision), None for fp32."""
+    import torch
+
+    from evotrainer.train.precision import loss_dtype
+
+    return loss_dtype(session.config.train.precision, "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def vllm_args(config: Config) -> dict:
     """GRPOConfig's vllm_* arguments (TRL 1.16) for policy.backend=vllm; none for hf."""
     if config.policy.backend != "vllm":
@@ -368,7 +377,8 @@ def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, s
     trainer = HarnessGRPOTrainer(
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder,
-        callbacks=[callback, CrashPointCallback(session.config.run_name)], **scaffold_kwargs,
+        callbacks=[callback, CrashPointCallback(session.config.run_name)], loss_dtype=session_loss_dtype(session),
+        **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     return trainer
