@@ -179,3 +179,52 @@ def test_the_batched_switch_is_in_the_agent_config():
     assert load_config(CONFIGS_DIR / "swe.yaml").domain.agent.batched is True
     cfg = load_config(CONFIGS_DIR / "swe.yaml", ["domain.scaffold=agent", "domain.agent.batched=false"])
     assert cfg.domain.agent.batched is False
+
+
+def test_each_episode_keeps_its_kv_cache_across_turns(policy):
+    """Three episodes of different lengths, three turns each, through one Batcher: with the caches
+    handed back, a later turn's batch prefills only the columns some row has not cached, and the
+    greedy replies are the ones a batch that prefills every trace again gives."""
+    from evotrainer.train.batcher import Batcher
+
+    model, tokenizer = policy
+    prompts = ["Count: one", "Name three colours of the rainbow, then three fruits, then stop.", "Say hi"]
+    follow = [" Go on.", " Now the same again but in reverse order, please, and briefly.", " More."]
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def run(keep: bool):
+        widths: list[int] = []  # the input width of each forward pass (the first of a turn is its prefill)
+        hook = model.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]),
+                                               with_kwargs=True)
+        batcher = Batcher(model, pad_token_id=tokenizer.eos_token_id)
+
+        def job(i: int):
+            def episode():
+                ids, cache, log = encode(prompts[i]), None, []
+                for _ in range(3):
+                    reply, new = batcher.generate(ids, 5, cache=cache if keep else None)
+                    # the cache covers the trace and every reply token but the last (never fed back)
+                    assert new is not None and new[0][0].shape[2] == len(ids) + min(len(reply), 4)
+                    log.append((len(ids), reply))
+                    ids, cache = ids + reply + encode(follow[i]), new
+                return log
+            return episode
+
+        try:
+            logs = _within(300, lambda: batcher.run([job(i) for i in range(3)]))["result"]
+        finally:
+            hook.remove()
+        return logs, widths, batcher.sizes
+
+    cached, widths, sizes = run(keep=True)
+    fresh, full_widths, _ = run(keep=False)
+    assert sizes == [3, 3, 3]
+    assert [[r for _, r in log] for log in cached] == [[r for _, r in log] for log in fresh]
+    prefills = [w for w in widths if w > 1]  # decoding feeds one column a step
+    full = [w for w in full_widths if w > 1]
+    assert len(prefills) == len(full) == 3
+    assert prefills[0] == full[0] == max(len(encode(p)) for p in prompts)  # nothing cached yet
+    longest_follow = max(len(encode(f)) for f in follow)
+    for turn in (1, 2):  # at most each row's last reply token and its follow-up, not the whole trace
+        assert prefills[turn] <= 1 + longest_follow < full[turn], (prefills, full)
+        assert full[turn] == max(n for log in cached for n, _ in log[turn:turn + 1])

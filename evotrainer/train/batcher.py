@@ -9,9 +9,18 @@ only in the calling thread (inside the caller's generation context and under no_
 runs other work in the calling thread too (the harness's `stop`, whose sandbox worker must outlive
 the episode's thread).
 
+Each episode keeps its own KV cache across turns. A request brings the episode's whole trace and
+the cache of a prefix of it; the batch's rows are left-padded to one width, and the columns every
+row has cached (all but the longest uncached tail) are handed to `generate` as one cache, each
+row's own keys and values right-aligned under pad columns the attention mask hides. So a turn
+prefills only the text since each episode's last reply (at worst, in a short row, a few tokens it
+had cached). Position ids come from the attention mask, counting the row's real tokens, which is
+how the cached keys were computed in the first place. After the batch, each row's cache is cut back
+to its own trace (its prompt and reply, without the pad columns of other rows or the pad tokens
+after its end) and returned with the reply.
+
 Simplifications: a turn's batch waits for every live episode, so one slow tool call holds the
-batch (a batch that left it out would split into ever smaller batches as episodes drift apart);
-each request is the whole trace so far, prefilled again every turn (no KV cache across turns).
+batch (a batch that left it out would split into ever smaller batches as episodes drift apart).
 """
 
 from __future__ import annotations
@@ -28,10 +37,14 @@ class BatchAborted(RuntimeError):
     """Raised into an episode's request after another episode or the model failed."""
 
 
+Kv = list[tuple[Any, Any]]  # one row's KV cache: each layer's (keys, values), [1, heads, tokens, dim]
+
+
 @dataclass
 class _Request:
     ids: list[int] = field(default_factory=list)  # a generate request: the trace so far
     max_new: int = 0
+    cache: Kv | None = None  # the KV of a prefix of `ids`
     fn: Callable[[], Any] | None = None  # or a call to run in the batcher's thread
     done: bool = False
     out: Any = None
@@ -54,10 +67,13 @@ class Batcher:
 
     # -- the episodes' side (their threads)
 
-    def generate(self, ids: Sequence[int], max_new: int, sizes: list[int] | None = None) -> list[int]:
-        """The new ids after `ids` (at most `max_new`, up to and including the end token); blocks
-        until the batch this request joins has run. `sizes` gets that batch's size."""
-        request = self._submit(_Request(list(ids), max_new), self._waiting)
+    def generate(self, ids: Sequence[int], max_new: int, sizes: list[int] | None = None,
+                 cache: Kv | None = None) -> tuple[list[int], Kv | None]:
+        """The new ids after `ids` (at most `max_new`, up to and including the end token) and the KV
+        cache of `ids` and the reply, as far as the model computed it (for the next request); blocks
+        until the batch this request joins has run. `cache`: the last reply's, or None. `sizes` gets
+        that batch's size."""
+        request = self._submit(_Request(list(ids), max_new, cache), self._waiting)
         if sizes is not None:
             sizes.append(request.size)
         return request.out
@@ -168,33 +184,89 @@ class Batcher:
             eos = getattr(self.model.generation_config, "eos_token_id", None)
         return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
-    def _forward(self, batch: Sequence[_Request]) -> list[list[int]]:
+    def _forward(self, batch: Sequence[_Request]) -> list[tuple[list[int], Kv | None]]:
         import torch
 
         self.sizes.append(len(batch))
         width = max(len(r.ids) for r in batch)
+        # every row feeds at least its last token; the columns left of the longest uncached tail are cached
+        fresh = max(len(r.ids) - min(_length(r.cache), len(r.ids) - 1) for r in batch)
+        past = width - fresh
         device = self.model.device
         ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=device)
         mask = torch.zeros_like(ids)
         for row, r in enumerate(batch):  # left padding: every row's last token is at the end
             ids[row, width - len(r.ids):] = torch.tensor(r.ids, dtype=torch.long, device=device)
             mask[row, width - len(r.ids):] = 1
-        kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new for r in batch), "pad_token_id": self.pad_token_id}
+        kwargs: dict[str, Any] = {"max_new_tokens": max(r.max_new for r in batch), "pad_token_id": self.pad_token_id,
+                                  "return_dict_in_generate": True}
+        if past > 0:
+            kwargs[cache_kwarg()] = _join([r.cache for r in batch], [len(r.ids) - fresh for r in batch], past)
         if self.generation_config is None:
             kwargs["do_sample"] = False
         else:
             kwargs["generation_config"] = self.generation_config
         with torch.no_grad():
             out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        sequences = out.sequences if hasattr(out, "sequences") else out
+        sequences = out.sequences
+        # transformers 5 names it `cache` (4.x: past_key_values)
+        cache = out.get("cache", out.get("past_key_values"))
+        cached = _length(cache) if cache is not None else 0
         stop = self._stop_ids()
         replies = []
-        for row, r in zip(sequences[:, width:].tolist(), batch):
+        for i, (row, r) in enumerate(zip(sequences[:, width:].tolist(), batch)):
             row = row[:r.max_new]
             # a row that ended before the longest one is filled with pad ids after its end token
-            end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-            replies.append(row[:end])
+            end = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
+            reply = row[:end]
+            # the row's own columns: its trace and the reply tokens the model fed back (not the last)
+            keep = None if cache is None else _row(cache, i, width - len(r.ids), width + min(len(reply), cached - width))
+            replies.append((reply, keep))
         return replies
 
 
-__all__ = ["BatchAborted", "Batcher"]
+def cache_kwarg() -> str:
+    """`generate`'s name for a cache to continue from: `cache` in transformers 5 (where
+    `past_key_values` is a deprecated alias), `past_key_values` in 4.x."""
+    import transformers
+
+    return "cache" if int(transformers.__version__.split(".")[0]) >= 5 else "past_key_values"
+
+
+def _length(cache) -> int:
+    """The number of tokens a cache (a row's Kv or a transformers Cache) holds."""
+    if cache is None:
+        return 0
+    if isinstance(cache, list):
+        return int(cache[0][0].shape[2]) if cache else 0
+    return int(cache.get_seq_length())
+
+
+def _join(caches: Sequence[Kv | None], lengths: Sequence[int], past: int):
+    """One DynamicCache of `past` columns: row i's first `lengths[i]` cached tokens right-aligned
+    (the columns of its trace left of the uncached tail), zeros under the pad columns."""
+    from transformers import DynamicCache
+
+    template = next(c for c in caches if c)
+    layers = []
+    for layer, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(caches), k0.shape[1], past, k0.shape[3]))
+        values = v0.new_zeros((len(caches), v0.shape[1], past, v0.shape[3]))
+        for row, (cache, n) in enumerate(zip(caches, lengths)):
+            if cache and n > 0:
+                keys[row, :, past - n:] = cache[layer][0][0, :, :n]
+                values[row, :, past - n:] = cache[layer][1][0, :, :n]
+        layers.append((keys, values))
+    return DynamicCache(layers)
+
+
+def _row(cache, row: int, start: int, end: int) -> Kv | None:
+    """Columns [start, end) of one row of a DynamicCache, copied out of the batch's tensors."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
+        return None  # another cache kind (static, offloaded, ...): the next turn prefills again
+    return [(layer.keys[row:row + 1, :, start:end].clone(), layer.values[row:row + 1, :, start:end].clone())
+            for layer in layers]
+
+
+__all__ = ["BatchAborted", "Batcher", "cache_kwarg"]

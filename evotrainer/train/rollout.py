@@ -13,8 +13,8 @@ Two ways to run a step's episodes (`domain.agent.batched`):
 
 - batched (the default): every episode runs `run_agent` in its own thread and the episodes advance
   turn by turn together: one left-padded `generate` for all episodes still running, while their
-  tool calls and test runs overlap (train/batcher.py). Each turn prefills the whole trace again (no
-  KV cache across turns). Greedy replies match the sequential path's up to the floating-point
+  tool calls and test runs overlap (train/batcher.py). Each episode keeps its KV cache across
+  turns, so a turn prefills only the text since its last reply. Greedy replies match the sequential path's up to the floating-point
   differences padding brings; sampling draws the whole batch from one RNG stream, so sampled
   trajectories differ from the sequential path's for the same seed. An episode's `time_limit_s`
   includes its waits for the batch.
@@ -37,7 +37,7 @@ from typing import Any
 from evotrainer.api import Rollout
 from evotrainer.domains.base import Task
 from evotrainer.scaffold.agent import EXIT_STATUSES, ContextLimit, run_agent, to_rollout
-from evotrainer.train.batcher import Batcher
+from evotrainer.train.batcher import Batcher, cache_kwarg
 from evotrainer.train.evaluate import EvalResult
 
 _MARK = "\u2063evotrainer-reply\u2063"  # stands in for a reply when rendering the text between replies
@@ -102,7 +102,7 @@ class TracePolicy:
 
         tensor = torch.tensor([ids], device=self.model.device)
         kwargs: dict[str, Any] = {"max_new_tokens": max_new, "return_dict_in_generate": True,
-                                  "past_key_values": self._cache}
+                                  cache_kwarg(): self._cache}
         if self.generation_config is None:
             kwargs.update(do_sample=False, pad_token_id=self.tokenizer.pad_token_id)
         else:
@@ -129,7 +129,8 @@ class TracePolicy:
 
 
 class BatchedPolicy(TracePolicy):
-    """A TracePolicy whose replies come from the step's shared Batcher (no KV cache across turns).
+    """A TracePolicy whose replies come from the step's shared Batcher, which hands back the
+    episode's KV cache with each reply.
     `tokenizer_lock` is shared by the step's episodes: a fast tokenizer called from two threads at
     once can fail ("Already borrowed": each call resets its truncation and padding state)."""
 
@@ -146,7 +147,8 @@ class BatchedPolicy(TracePolicy):
             return self._take(new, messages)
 
     def _generate(self, ids: list[int], max_new: int) -> list[int]:
-        return self.batcher.generate(ids, max_new, self.batch_sizes)
+        new, self._cache = self.batcher.generate(ids, max_new, self.batch_sizes, self._cache)
+        return new
 
 
 @dataclass
