@@ -3,11 +3,11 @@
 Same model, batch, lengths, seed and LoRA config; the plain script's reward is the same trusted
 math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
 machine drift hits both alike, and the first step of each run (warm-up) is dropped.
-Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32. A third side,
-`ours-<precision>`, runs our step at the precision our loop uses (train.precision, `auto` by
-default: bf16 autocast for the loss's forward pass where the hardware multiplies bf16 natively,
-train/precision.py), and plain/ours-<precision> is printed: how much faster our step is than
-plain TRL as shipped here.
+Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32 with transformers'
+generate. A third side, `ours-<precision>-shrink`, runs our step as our loop does by default:
+train.precision (`auto`: bf16 autocast for the loss's forward pass where the hardware multiplies
+bf16 natively, train/precision.py) and train.shrink_batch (sampling drops the rows that ended,
+train/sampler.py); plain/that side is printed: how much faster our step is than plain TRL.
 
     python bench/inner_overhead.py [--steps 4] [--repeats 2] [--precision auto]
 """
@@ -84,7 +84,7 @@ def run_plain(session, tasks, steps, seed, workdir) -> list[float]:
     return timer
 
 
-def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None) -> list[float]:
+def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, shrink_batch=False) -> list[float]:
     from evotrainer.policy import load_policy
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.loop import build_peft, grpo_args
@@ -99,7 +99,8 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None) -> list[floa
     timer = StepTimer()
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
-                                 recorder=recorder, callbacks=[timer], loss_dtype=loss_dtype)
+                                 recorder=recorder, callbacks=[timer], loss_dtype=loss_dtype,
+                                 shrink_batch=shrink_batch)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return timer
@@ -125,7 +126,7 @@ def main() -> int:
     session = open_session(cfg, work)
     per_prompt = cfg.train.prompts_per_step
     tasks = session.train_tasks[: args.steps * per_prompt]
-    fast = f"ours-{args.precision}"
+    fast = f"ours-{args.precision}-shrink"
     dtype = loss_dtype(args.precision, "cpu")
     plain, ours, ours_fast = [], [], []
     timers: dict[str, list[StepTimer]] = {"plain": [], "ours": [], fast: []}
@@ -134,7 +135,7 @@ def main() -> int:
         plain += timers["plain"][-1].times[1:]
         timers["ours"].append(run_ours(session, tasks, args.steps, 0, work / "ours"))
         ours += timers["ours"][-1].times[1:]
-        timers[fast].append(run_ours(session, tasks, args.steps, 0, work / "ours-fast", dtype))
+        timers[fast].append(run_ours(session, tasks, args.steps, 0, work / "ours-fast", dtype, True))
         ours_fast += timers[fast][-1].times[1:]
         print(f"repeat {rep}: plain {statistics.median(plain):.2f} s/step, ours {statistics.median(ours):.2f} s/step, "
               f"{fast} {statistics.median(ours_fast):.2f} s/step", flush=True)
@@ -143,12 +144,12 @@ def main() -> int:
           f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
     print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
     print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
-    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss): "
+    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss), shrink_batch: "
           f"median {statistics.median(ours_fast):.3f} s/step over {len(ours_fast)} steps")
     for side, runs in timers.items():
         lengths = [x for t in runs for x in t.lengths[1:]]
         clipped = [x for t in runs for x in t.clipped[1:]]
-        print(f"{side:>5}: median completion length {_median(lengths)} tokens, "
+        print(f"{side:>18}: median completion length {_median(lengths)} tokens, "
               f"clipped at max length {_median([100 * c for c in clipped])}%")
     ratio = statistics.median(ours) / statistics.median(plain)
     print(f"ratio ours/plain: {ratio:.3f} (target <= 1.10)")

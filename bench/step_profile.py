@@ -11,14 +11,17 @@ around its parts; time is charged to the innermost part running, so nothing is c
 - store: `RolloutRecorder.commit` (the batch's rows into the store)
 - other: the rest of the step (optimizer step, TRL's bookkeeping, padding, logging)
 
-Each `--precision` (train.precision: the loss's forward pass in fp32 or under bf16 autocast) is
-profiled in turn in one process, and the fp32 step time over each other's is printed.
+Each `--variants` entry is profiled in turn in one process, and the first one's step time over
+each other's is printed. The variants: `generate` (transformers' generate, every row decoded until
+the last ends) or `shrink` (train.shrink_batch: the batch drops the rows that ended), each with
+`fp32` or `bf16` (train.precision: the loss's forward pass under bf16 autocast).
 
 Generation is compared with the memory-bandwidth bound: a decode step reads every weight once
 whatever the batch, so decode steps per second cannot beat bandwidth / weight bytes. Bandwidth
 is measured here with a large tensor copy. The first step (warm-up) is dropped.
 
-    python bench/step_profile.py [--steps 4] [--config configs/math.yaml] [--set key=value ...]\n                                 [--precision fp32 bf16]
+    python bench/step_profile.py [--steps 4] [--config configs/math.yaml] [--set key=value ...]
+                                 [--variants generate-fp32 shrink-fp32 shrink-bf16]
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from transformers import PrinterCallback, TrainerCallback
 from evotrainer.cli.main import quiet_libraries
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR
+
+VARIANTS = {f"{decode}-{precision}": [f"train.shrink_batch={str(decode == 'shrink').lower()}",
+                                       f"train.precision={precision}"]
+            for decode in ("generate", "shrink") for precision in ("fp32", "bf16")}
 
 
 class Profile:
@@ -67,15 +74,17 @@ class Profile:
         timed.__wrapped__ = original  # type: ignore[attr-defined]
         setattr(owner, name, timed)
 
-    def wrap_generate(self, owner) -> None:
-        original = owner.generate
+    def wrap_generate(self, owner, name: str = "generate") -> None:
+        """Time `owner.name`, a generate method or train/sampler.py's shrinking_generate (the
+        input ids are the `input_ids` keyword or the second positional argument of either)."""
+        original = getattr(owner, name)
         profile = self
 
-        def generate(self_, *args, **kwargs):
+        def generate(*args, **kwargs):
             started = time.perf_counter()
-            out = original(self_, *args, **kwargs)
+            out = original(*args, **kwargs)
             elapsed = time.perf_counter() - started
-            ids = kwargs.get("input_ids", args[0] if args else None)
+            ids = kwargs.get("input_ids", args[1] if len(args) > 1 else None)
             sequences = getattr(out, "sequences", out)
             if ids is not None and hasattr(sequences, "shape"):
                 profile.decode_steps += int(sequences.shape[1] - ids.shape[1])
@@ -84,7 +93,8 @@ class Profile:
             if profile.stack:
                 profile.stack[-1][2] += elapsed
             return out
-        owner.generate = generate
+        generate.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(owner, name, generate)
 
 
 class StepClock(TrainerCallback):
@@ -122,6 +132,7 @@ def profile_steps(cfg, steps: int, work: Path) -> tuple[list, Profile, int]:
     from transformers.generation.utils import GenerationMixin
 
     from evotrainer.policy import load_policy
+    from evotrainer.train import sampler
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.loop import _round_dataset, build_peft, grpo_args, open_session, session_loss_dtype
     from evotrainer.train.recorder import RolloutRecorder, RoundContext
@@ -139,10 +150,11 @@ def profile_steps(cfg, steps: int, work: Path) -> tuple[list, Profile, int]:
     clock = StepClock(profile)
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, 0, work / "trainer"),
                                  train_dataset=Dataset.from_list(rows), processing_class=tok, recorder=recorder,
-                                 callbacks=[clock], loss_dtype=session_loss_dtype(session), **scaffold_kwargs)
+                                 callbacks=[clock], loss_dtype=session_loss_dtype(session),
+                                 shrink_batch=cfg.train.shrink_batch, **scaffold_kwargs)
     trainer.remove_callback(PrinterCallback)
-    original = GenerationMixin.generate
     profile.wrap_generate(GenerationMixin)
+    profile.wrap_generate(sampler, "shrinking_generate")
     profile.wrap(RolloutRecorder, "__call__", "reward + record")
     profile.wrap(RolloutRecorder, "commit", "store")
     profile.wrap(trainer, "_compute_loss", "loss forward")
@@ -151,7 +163,8 @@ def profile_steps(cfg, steps: int, work: Path) -> tuple[list, Profile, int]:
     try:
         trainer.train()
     finally:  # the class-level wraps would time the next run twice
-        GenerationMixin.generate = original
+        GenerationMixin.generate = GenerationMixin.generate.__wrapped__
+        sampler.shrinking_generate = sampler.shrinking_generate.__wrapped__
         for name in ("__call__", "commit"):
             setattr(RolloutRecorder, name, getattr(RolloutRecorder, name).__wrapped__)
     weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
@@ -163,21 +176,21 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4, help="steps to train (the first is warm-up)")
     ap.add_argument("--config", type=Path, default=CONFIGS_DIR / "math.yaml")
     ap.add_argument("--set", action="append", default=[], help="a config override (key=value)")
-    ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "auto"],
-                    help="train.precision of each run, side by side (default: fp32 bf16)")
+    ap.add_argument("--variants", nargs="+", default=["generate-fp32", "shrink-fp32", "shrink-bf16"],
+                    choices=list(VARIANTS), help="the runs, side by side; the first is the baseline")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2 (the first step is dropped as warm-up)")
     quiet_libraries()
     means: dict[str, float] = {}
     bandwidth = memory_bandwidth()
-    for precision in args.precision:
+    for variant in args.variants:
         work = Path(tempfile.mkdtemp(prefix="evotrainer-profile-"))
-        cfg = load_config(args.config, ["run_name=profile", *args.set, f"train.precision={precision}"])
+        cfg = load_config(args.config, ["run_name=profile", *args.set, *VARIANTS[variant]])
         steps, profile, weights = profile_steps(cfg, args.steps, work)
-        total = means[precision] = statistics.fmean(t for t, _ in steps)
-        print(f"{cfg.domain.name}, train.precision={precision}: {cfg.train.prompts_per_step} prompts per step, "
-              f"{len(steps)} steps after warm-up")
+        total = means[variant] = statistics.fmean(t for t, _ in steps)
+        print(f"{cfg.domain.name}, {variant} ({' '.join(VARIANTS[variant])}): {cfg.train.prompts_per_step} prompts "
+              f"per step, {len(steps)} steps after warm-up")
         print(f"mean step {total:.2f} s")
         labels = sorted({k for _, parts in steps for k in parts}, key=lambda k: -sum(p.get(k, 0) for _, p in steps))
         for label in labels:
@@ -190,10 +203,10 @@ def main() -> int:
                   f"{rate:.1f} steps/s (all steps, warm-up included)")
             print(f"memory-bandwidth bound: {bandwidth / 1e9:.1f} GB/s copy bandwidth / {weights / 1e6:.0f} MB of "
                   f"weights = {bound:.0f} decode steps/s; measured / bound = {rate / bound:.3f}")
-    if "fp32" in means:
-        for precision, total in means.items():
-            if precision != "fp32":
-                print(f"step time fp32 / {precision}: {means['fp32'] / total:.2f}x")
+    first = args.variants[0]
+    for variant, total in means.items():
+        if variant != first:
+            print(f"step time {first} / {variant}: {means[first] / total:.2f}x")
     return 0
 
 

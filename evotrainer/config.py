@@ -114,6 +114,9 @@ class TrainConfig(_Strict):
     # the loss's forward pass: bf16 autocast, fp32, or auto (bf16 where the hardware multiplies
     # bf16 natively); generation and evaluation stay fp32 (train/precision.py)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # sample training rollouts with a batch that drops each row once it ends (train/sampler.py);
+    # false: transformers' generate, which runs every row until the last one ends
+    shrink_batch: bool = True
 
 
 class EvalServerConfig(_Strict):

@@ -1,4 +1,5 @@
-"""train.precision: which hardware gets bf16, and the loss's log-prob pass under it on the real model."""
+"""train.precision: which hardware gets bf16, and the loss's log-prob pass under it on the real model
+(with train.shrink_batch's sampler, as the loop runs by default)."""
 
 import os
 import shutil
@@ -66,7 +67,7 @@ def test_bf16_log_probs_are_float32_and_close_to_fp32(tmp_path, embedded_model_d
     rows = [{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.task_id} for t in tasks]
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, 1, 0, tmp_path / "trainer"),
                                  train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                                 recorder=recorder, loss_dtype=torch.bfloat16)
+                                 recorder=recorder, loss_dtype=torch.bfloat16, shrink_batch=True)
     trainer.remove_callback(PrinterCallback)
 
     ids = tokenizer(["Q: what is 2 + 3? A: 5", "Q: what is 7 * 6? A: 42"], return_tensors="pt", padding=True)
@@ -93,4 +94,7 @@ def test_bf16_log_probs_are_float32_and_close_to_fp32(tmp_path, embedded_model_d
     trainer.train()  # and a whole bf16 step through TRL's loss, stored
     loss = trainer.state.log_history[0]["loss"]
     assert loss == loss  # not NaN
-    assert len(list(session.store.iter_rollouts(run_id=session.run_id))) == 4
+    stored = list(session.store.iter_rollouts(run_id=session.run_id))
+    assert len(stored) == 4
+    # sampled by train/sampler.py: one decode pass per token of the longest completion, 4 rows at first
+    assert trainer.decode_sizes[0] == 4 and len(trainer.decode_sizes) >= max(r.rollout.num_tokens for r in stored)

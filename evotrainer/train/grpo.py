@@ -18,6 +18,9 @@ model_state probes read them. So the recorder holds each batch until that pass h
 row (a `rollout_index` column follows the rows through TRL's shuffle and split) and stores it
 then, before the backward pass.
 
+Sampling (train/sampler.py): with `shrink_batch`, TRL's transformers generation samples with a
+batch that drops each row once it ends, from the same distribution as `generate`.
+
 Precision (train/precision.py): with `loss_dtype` set, every log-prob pass runs under that autocast
 and hands back float32 log-probs and entropies; generation is left in float32.
 """
@@ -31,6 +34,7 @@ from evotrainer.experience.inject import ExperienceInjector
 from evotrainer.train.credit import Labeller, StepCredit
 from evotrainer.train.recorder import RolloutRecorder
 from evotrainer.train.sample_stats import row_means
+from evotrainer.train.sampler import shrinking
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
@@ -38,17 +42,27 @@ class HarnessGRPOTrainer(GRPOTrainer):
     _measured: tuple | None = None  # that pass's (per-token logps, entropies)
 
     def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
-                 experience: ExperienceInjector | None = None, loss_dtype: torch.dtype | None = None, **kwargs):
+                 experience: ExperienceInjector | None = None, loss_dtype: torch.dtype | None = None,
+                 shrink_batch: bool = False, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
         # train.precision: the autocast dtype of every log-prob pass, None for fp32 (train/precision.py)
         self.loss_dtype = loss_dtype
+        # train.shrink_batch: sample rollouts with a batch that drops the rows that ended (train/sampler.py)
+        self.shrink_batch = shrink_batch
+        self.decode_sizes: list[int] = []  # the rows of each decode pass the shrinking sampler ran
         # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
         # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
         self.experience = experience
         self._model_state: dict[int, dict[str, float]] = {}  # rollout index -> its means, this batch
         self._seen: set[int] = set()  # rollout indexes the loss has seen, this batch
+
+    def _generate_single_turn(self, *args, **kwargs):
+        if not self.shrink_batch or self.use_vllm:
+            return super()._generate_single_turn(*args, **kwargs)
+        with shrinking(self.accelerator.unwrap_model(self.model_wrapped), self.decode_sizes):
+            return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):
         if self.experience is not None and self.model.training:

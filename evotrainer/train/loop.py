@@ -378,7 +378,7 @@ def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, s
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder,
         callbacks=[callback, CrashPointCallback(session.config.run_name)], loss_dtype=session_loss_dtype(session),
-        **scaffold_kwargs,
+        shrink_batch=session.config.train.shrink_batch, **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     return trainer
