@@ -100,9 +100,10 @@ def _decode(model, ids, mask, position, out, live, width: int, config, steps: li
         logits = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True,
                        logits_to_keep=1, **{cache_kwarg(): cache}).logits
         scores = logits[:, -1].to(dtype=torch.float32)
-        seen = out[live, :width + step]  # what generate's processors see: prompt (with pads) and completion
-        for p in steps:
-            scores = p(seen, scores)
+        if steps:  # what generate's processors see: prompt (with pads) and completion
+            seen = out[live, :width + step]
+            for p in steps:
+                scores = p(seen, scores)
         if config.do_sample:
             new = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
         else:
