@@ -215,6 +215,10 @@ class CoevolveConfig(_Strict):
     # this many steps under base and candidate from the round's adapter (coevolve/pilot.py);
     # 0: such changes are rejected.
     pilot_steps: int = Field(4, ge=0)
+    # Train the control arm beside the main round, and a pilot's two arms side by side, in two
+    # processes with half the cores each (coevolve/beside.py); auto: on a single process with
+    # no CUDA device and at least 2 cores; true/false: on/off.
+    parallel_arms: Literal["auto"] | bool = "auto"
     llm: LLMAgentConfig = Field(default_factory=LLMAgentConfig)
     external: ExternalAgentConfig = Field(default_factory=ExternalAgentConfig)
 

@@ -26,6 +26,14 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def distributed() -> bool:
     return world_size() > 1
 

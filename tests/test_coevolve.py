@@ -253,16 +253,19 @@ def test_verification_against_the_control_arm_does_not_charge_drift_to_the_chang
 
 
 @pytest.mark.slow
-def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path, embedded_model_dir):
+@pytest.mark.parametrize("parallel", [True, False])
+def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path, embedded_model_dir, parallel):
     """Real rounds of the tiny config: after a promotion in round 0, stage train runs the control
-    arm (round 1 without the change) and then round 1 itself. Both start from round 0's adapter,
-    draw the same prompts with the same seed and history, and differ only in harness; verify then
-    compares them task by task."""
+    arm (round 1 without the change) beside round 1 (parallel: in a second process) or before
+    it. Both start from round 0's adapter, draw the same prompts with the same seed and history,
+    and differ only in harness; verify then compares them task by task."""
     from collections import Counter
 
     from evotrainer.coevolve.control import control_run
 
-    loop = Coevolution(plain_config(tmp_path), tmp_path / "work")
+    config = plain_config(tmp_path).model_copy(deep=True)
+    config.coevolve.parallel_arms = parallel
+    loop = Coevolution(config, tmp_path / "work")
     state = _state(loop)
     loop.stage_train(state)  # round 0
     parent = loop.repo.resolve("main")
@@ -284,6 +287,13 @@ def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path
         assert any("partial_format" in r.reward_components for r in live)
         assert not any("partial_format" in r.reward_components for r in ctl)
         assert len(store.rounds(control)) == 1 and store.rounds(control)[0]["finished_at"]
+        # verify compares the arms on the validation split: the control arm answers only that
+        assert {e["split"] for e in store.evals(control)} == {"validation"}
+        assert {e["split"] for e in store.evals(main) if e["round_index"] == 1} == {"validation", "heldout"}
+    # The round's cost adds up to its wall time: beside round 1, the control arm counts only its wait.
+    assert state.stage_seconds["control"] >= 0
+    assert (state.beside_seconds.get("control", 0) > state.stage_seconds["control"]) == parallel
+    assert (loop.ws.root / "logs" / "tiny~control-round-1.log").is_file() == parallel
     loop.stage_train(state)  # resumed: both arms of round 1 are done, nothing trains again
     with Store.open(loop.ws.root) as store:
         assert store.count_rollouts(run_id=control) == len(ctl)

@@ -104,6 +104,7 @@ def _history(workdir: Path) -> list[dict]:
     for h in state["history"]:
         h.pop("harness")  # main's sha when the round trained: commit times differ, trees are in _lineage
         h.pop("stage_seconds")  # wall time; a killed attempt's seconds are not carried over
+        h.pop("beside_seconds")  # the same, for the control arm trained beside the round
         for c in h["candidates"]:
             c.pop("backtest")  # ids carry the time they were made
             c["reasons"] = [r for r in c["reasons"] if "of its" not in r]  # "took 0.5 s of its 600 s budget"

@@ -110,3 +110,35 @@ def test_what_it_does_not_reproduce_goes_to_generate(policy):
             out = model.generate(**enc, generation_config=_config(tokenizer, max_new_tokens=3, min_new_tokens=3))
         assert not sizes and out.shape[1] == enc["input_ids"].shape[1] + 3  # transformers' generate ran it
     assert "generate" not in vars(model)  # the class's method again
+
+
+def test_held_out_greedy_decoding_answers_as_generate_did(policy):
+    """The held-out evaluation's greedy decoding (policy/hf_backend.py) now shrinks its batch:
+    the same texts, truncation flags and token counts as `generate` with the old call."""
+    from evotrainer.policy.hf_backend import Generation, chat_prompt, generate_greedy
+
+    model, tokenizer = policy
+    prompts = [chat_prompt(tokenizer, q) for q in QUESTIONS]
+    ours = generate_greedy(model, tokenizer, prompts, 40, batch_size=3)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    reference = []
+    try:
+        for start in (0, 3):
+            enc = tokenizer(prompts[start:start + 3], return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=40, do_sample=False, use_cache=True,
+                                     pad_token_id=tokenizer.pad_token_id)
+            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
+                end = row.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in row else None
+                body = row if end is None else row[:end]
+                reference.append(Generation(tokenizer.decode(body, skip_special_tokens=True), end is None,
+                                            len(body) + (end is not None)))
+    finally:
+        tokenizer.padding_side = side
+    assert ours == reference
+    assert {g.truncated for g in ours} == {True, False}, "some answers should end and some run out"
+
+
+def test_a_config_without_an_end_token_goes_to_generate(policy):
+    _, tokenizer = policy
+    assert not handles(_config(tokenizer, eos_token_id=None))

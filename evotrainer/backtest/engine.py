@@ -16,7 +16,6 @@ in chunks of half the size and in reverse order: a promotion needs the very same
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from evotrainer.backtest.selector import (
     resolve,
 )
 from evotrainer.config import GateConfig
+from evotrainer.dist import usable_cpus
 from evotrainer.harness.loader import HARNESS_FILES
 from evotrainer.harness.sandbox import CandidateFailure, SandboxPool
 from evotrainer.store import Store
@@ -79,13 +79,6 @@ def chunk_pool(executor: str) -> Callable[..., Any]:
     raise ValueError(f"unknown executor {executor!r}; known: local, ray")
 
 
-def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
                  gate: GateConfig | None = None, *, workers: int | None = None,
                  chunk_size: int = DEFAULT_CHUNK,
@@ -101,7 +94,7 @@ def run_backtest(store: Store, base: HarnessVersion, candidate: HarnessVersion, 
     selection = resolve(store, selector)
     if not selection.count:
         raise ValueError(f"selector {selector.describe()!r} matches no stored rollouts")
-    workers = max(1, workers or default_workers())
+    workers = max(1, workers or usable_cpus())
     # Enough chunks to keep every worker busy on small selections.
     chunk_size = max(1, min(chunk_size, max(256, math.ceil(selection.count / (4 * workers)))))
     workers = min(workers, math.ceil(selection.count / chunk_size))
@@ -171,4 +164,4 @@ def recheck(store: Store, candidate: HarnessVersion, run: BacktestRun, gate: Gat
 
 
 __all__ = ["BacktestRun", "DEFAULT_CHUNK", "HarnessVersion", "LABELS", "Selection", "Selector",
-           "chunk_pool", "default_workers", "ids_sha256", "plan_chunks", "recheck", "resolve", "run_backtest"]
+           "chunk_pool", "ids_sha256", "plan_chunks", "recheck", "resolve", "run_backtest"]

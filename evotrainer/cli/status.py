@@ -86,13 +86,13 @@ def status_cmd(workdir: Path | None = WorkdirOpt):
                                                        "step_time")))
         out.print(table)
         if metrics.get("stage_seconds") and not (state is not None and state.history):
-            out.print(describe_cost(metrics["stage_seconds"]))
+            out.print(describe_cost(metrics["stage_seconds"], metrics.get("beside_seconds")))
     if state is not None and state.history and state.history[-1].get("stage_seconds"):
         h = state.history[-1]
-        out.print(f"round {h['round']}: {describe_cost(h['stage_seconds'])}")
+        out.print(f"round {h['round']}: {describe_cost(h['stage_seconds'], h.get('beside_seconds'))}")
     if state is not None and state.stage_seconds:
         out.print(Text(f"round {state.round} so far ({state.stage} next): "
-                       + describe_cost(state.stage_seconds).split(": ", 1)[1], style="dim"))
+                       + describe_cost(state.stage_seconds, state.beside_seconds).split(": ", 1)[1], style="dim"))
     if state is not None and state.candidates:
         table = Table(title=f"round {state.round} candidates", title_justify="left")
         for col in ("branch", "targets", "backtest", "decision", "first reason"):

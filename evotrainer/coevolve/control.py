@@ -21,9 +21,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evotrainer.coevolve.beside import SideArm
 from evotrainer.coevolve.state import Pending, RunStateError
 from evotrainer.config import Config
-from evotrainer.harness.repo import HarnessRepo
 
 SUFFIX = "~control"
 
@@ -32,28 +32,27 @@ def control_run(run_name: str) -> str:
     return f"{run_name}{SUFFIX}"
 
 
-def train_control(config: Config, root: Path, repo: HarnessRepo, pending: Pending, index: int,
-                  console: Console) -> bool:
-    """Train the control arm's round `index` unless it is already done; True if it trained."""
-    parent = repo.load(f"{pending.merge}^1")  # main as it was before the promotion
-    try:
-        return train_arm(config, root, control_run(config.run_name), parent, pending.round, index, console,
-                         what=f"control arm (main before {pending.branch})")
-    finally:
-        parent.close()
+def control_arm(config: Config, pending: Pending, index: int) -> SideArm:
+    """The control arm of round `index`: from the promotion round's adapter, under main as it was
+    before the promotion (the merge commit's first parent); trained by coevolve/beside.py."""
+    return SideArm(control_run(config.run_name), f"{pending.merge}^1", pending.round, index,
+                   f"control arm (main before {pending.branch})", heldout=None)
 
 
 def train_arm(config: Config, root: Path, run_name: str, harness, start_round: int | None, index: int,
-              console: Console, *, what: str, steps: int | None = None, heldout: bool = True) -> bool:
+              console: Console, *, what: str, steps: int | None = None, heldout: bool | None = True,
+              copy_memory: bool = True) -> bool:
     """Round `index` of run `run_name` under `harness`, trained from the main run's round
     `start_round` adapter with the main run's seed and task history before `index` (from the base
     model, with no history, when `start_round` is None), unless that round is already done; True
-    if it trained. The control arm and the live pilot's arms."""
+    if it trained. The control arm and the live pilot's arms. `heldout`: evaluate the held-out
+    split too (None: only where it is what verify decides on, the run having no validation split).
+    `copy_memory` False: the caller already gave it the main run's replay memory (copy_memory_file)."""
     from evotrainer.train.loop import open_session, train_from
 
     arm = config.model_copy(update={"run_name": run_name})
     session = open_session(arm, root, console, harness=harness)
-    session.eval_heldout = heldout
+    session.eval_heldout = heldout if heldout is not None else not session.validation
     try:
         if any(r["index"] == index and r["finished_at"] for r in session.store.rounds(session.run_id)):
             return False
@@ -64,9 +63,8 @@ def train_arm(config: Config, root: Path, run_name: str, harness, start_round: i
             if start is None:
                 raise RunStateError(f"{what}: run {config.run_name!r} has no finished round {start_round}")
             session.stats_run_id, session.stats_before = main, index
-            memory = root / "memory" / f"{config.run_name}.json"  # harness.yaml memory, when on
-            if memory.is_file():
-                shutil.copyfile(memory, root / "memory" / f"{run_name}.json")
+            if copy_memory:
+                copy_memory_file(root, config.run_name, run_name)
         origin = "the base model" if start is None else f"round {start_round}'s adapter"
         console.print(f"{what}: round {index} from {origin} under {harness.version[:8]}")
         summary = train_from(session, start, index, steps)
@@ -77,6 +75,22 @@ def train_arm(config: Config, root: Path, run_name: str, harness, start_round: i
         return True
     finally:
         session.store.close()
+
+
+def copy_memory_file(root: Path, main: str, arm: str) -> None:
+    """Start arm run `arm` from the main run's replay memory (harness.yaml memory, when on)."""
+    memory = root / "memory" / f"{main}.json"
+    if memory.is_file():
+        shutil.copyfile(memory, root / "memory" / f"{arm}.json")
+
+
+def arm_done(root: Path, config: Config, run_name: str, index: int) -> bool:
+    """Whether run `run_name` has finished round `index`."""
+    from evotrainer.store import Store
+
+    with Store.open(root, config.store.url) as store:
+        run_id = store.run_id(run_name)
+        return run_id is not None and any(r["index"] == index and r["finished_at"] for r in store.rounds(run_id))
 
 
 def control_adapter(root: Path, config: Config, index: int) -> str | None:

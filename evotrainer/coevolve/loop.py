@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from evotrainer.backtest import Selector, backtest
+from evotrainer.coevolve.beside import beside
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
-from evotrainer.coevolve.control import control_adapter, control_evals, train_control
+from evotrainer.coevolve.control import control_adapter, control_arm, control_evals
 from evotrainer.coevolve.heldout import decision_split
 from evotrainer.coevolve.pilot import dynamics_change, needs_pilot, run_pilot
 from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError, describe_cost
@@ -112,13 +113,25 @@ class Coevolution:
     # -- stages ------------------------------------------------------------------------------
 
     def stage_train(self, state: RunState) -> None:
+        if state.pending is None or self.config.coevolve.verify_against != "control":
+            self._train_main(state)
+            return
+        # The control arm reads the main run's history before this round: it trains first, or
+        # beside the main round (coevolve/beside.py).
+        with beside(self.config, self.ws.root, self.repo, control_arm(self.config, state.pending, state.round),
+                    self.console) as control:
+            self._train_main(state)
+            main_done = time.perf_counter()
+        if control.parallel:  # the round's cost counts what it added; its own time beside that
+            _add_seconds(state, "control", time.perf_counter() - main_done)
+            if control.trained:
+                state.beside_seconds["control"] = state.beside_seconds.get("control", 0.0) + control.seconds
+        else:
+            _add_seconds(state, "control", control.seconds)
+
+    def _train_main(self, state: RunState) -> None:
         from evotrainer.train.loop import open_session, run_training
 
-        if state.pending is not None and self.config.coevolve.verify_against == "control":
-            # Before the main round: the control arm reads the main run's history up to here.
-            started = time.perf_counter()
-            train_control(self.config, self.ws.root, self.repo, state.pending, state.round, self.console)
-            _add_seconds(state, "control", time.perf_counter() - started)
         session = open_session(self.config, self.ws.root, self.console)
         last = session.store.last_finished_round(session.run_id)
         done = last[0] if last else -1
@@ -379,7 +392,8 @@ class Coevolution:
             run_id = store.run_id(self.config.run_name)
             rnd = next((r for r in store.rounds(run_id) if r["index"] == state.round), None)
             if rnd is not None and state.stage_seconds:  # the round's cost sits beside its results
-                store.merge_round_metrics(rnd["id"], {"stage_seconds": dict(state.stage_seconds)})
+                store.merge_round_metrics(rnd["id"], {"stage_seconds": dict(state.stage_seconds),
+                                                      "beside_seconds": dict(state.beside_seconds)})
         metrics = (rnd or {}).get("metrics") or {}
         promoted = state.pending.branch if state.pending and state.pending.round == state.round else None
         summary = {"round": state.round, "harness": (rnd or {}).get("harness_version", "")[:12],
@@ -392,6 +406,7 @@ class Coevolution:
                    "promoted": promoted,
                    "verified": state.verdict,
                    "stage_seconds": dict(state.stage_seconds),
+                   "beside_seconds": dict(state.beside_seconds),
                    "candidates": [asdict(c) for c in state.candidates]}
         state.history.append(summary)
         self._print_summary(summary)
@@ -400,6 +415,7 @@ class Coevolution:
         state.agent = None
         state.verdict = None
         state.stage_seconds = {}
+        state.beside_seconds = {}
         state.advance("train", self.state_path)
 
     def _print_summary(self, s: dict) -> None:
@@ -417,7 +433,7 @@ class Coevolution:
                            *([f"· validation {vs:.3f}"] if vs is not None else []),
                            f"· promoted: {s['promoted'] or 'nothing'}")
         if s.get("stage_seconds"):
-            self.console.print(describe_cost(s["stage_seconds"]))
+            self.console.print(describe_cost(s["stage_seconds"], s.get("beside_seconds")))
 
     def _save_skill(self, pending: Pending, status: str, verdict: Verdict, state: RunState) -> None:
         from evotrainer.skills import SkillLibrary, save_learned

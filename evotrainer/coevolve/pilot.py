@@ -7,7 +7,8 @@ the gate can neither pass nor fail it on its merits. Such a candidate (`dynamics
 backtest fails nothing but its target gets a pilot instead: from the round's adapter, with the
 main run's seed and task history, `coevolve.pilot_steps` steps are trained twice, under main
 (`<run>~pilot-base`) and under the candidate (`<run>~pilot-<slug>`), both as round k+1 of their
-own runs in the same store, and each arm is evaluated on the validation split only.
+own runs in the same store, and each arm is evaluated on the validation split only. The two arms
+train side by side where coevolve.parallel_arms allows (coevolve/beside.py).
 
 The candidate passes when (1) the probe its Targets name, measured by main's diagnostics on each
 arm's training rollouts, improves by at least the gate's margin, and (2) validation success does
@@ -26,6 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
+from evotrainer.coevolve.beside import SideArm, beside
 from evotrainer.coevolve.control import train_arm
 from evotrainer.coevolve.verify import verify_paired
 from evotrainer.config import Config
@@ -94,12 +96,11 @@ def run_pilot(config: Config, root: Path, repo: HarnessRepo, *, branch: str, slu
     if target_probe(targets, measured) is None:  # judged before training: the arms would be wasted
         return PilotResult("reject", [f"pilot ({describe_change(change)}): not trained: {NO_PROBE.format(targets=targets)}"],
                            None, None, None, "", None, dict(change))
-    arms = {"base": "main", slug: branch}
-    for arm, rev in arms.items():
-        with repo.load(rev) as harness:
-            train_arm(config, root, pilot_run(config.run_name, arm), harness, round_index, index, console,
-                      what=f"pilot {arm}", steps=steps, heldout=False)
-    runs = {arm: pilot_run(config.run_name, arm) for arm in arms}
+    base = SideArm(pilot_run(config.run_name, "base"), "main", round_index, index, "pilot base", steps, heldout=False)
+    with beside(config, root, repo, base, console), repo.load(branch) as harness:  # the arms side by side
+        train_arm(config, root, pilot_run(config.run_name, slug), harness, round_index, index, console,
+                  what=f"pilot {slug}", steps=steps, heldout=False)
+    runs = {"base": base.run_name, slug: pilot_run(config.run_name, slug)}
     probes, evals = arm_evidence(config, root, repo, runs, index)
     result = judge(probes["base"], probes[slug], evals["base"], evals[slug], targets, config, dict(change))
     return replace(result, runs=runs)

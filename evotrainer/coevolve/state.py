@@ -69,6 +69,9 @@ class RunState:
     # backtest, pilot, promote), saved as each stage ends; a stage a kill interrupted counts
     # only the run that finished it.
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # Arms trained beside a stage (coevolve/beside.py: the control arm): their own wall seconds;
+    # stage_seconds counts only what they added to the round's wall time.
+    beside_seconds: dict[str, float] = field(default_factory=dict)
     # This round's external agent (coevolve.agent: external): how its wait ended (finished,
     # submit_limit, timeout), its submissions, those taken as candidates and those skipped.
     agent: dict[str, Any] | None = None
@@ -91,9 +94,11 @@ class RunState:
         self.save(path)
 
 
-def describe_cost(stage_seconds: dict[str, float]) -> str:
-    """'round cost 4m 05s: train 180s, evaluation 41s, ...', largest part first."""
+def describe_cost(stage_seconds: dict[str, float], beside: dict[str, float] | None = None) -> str:
+    """'round cost 4m 05s: train 180s, evaluation 41s, ...', largest part first; then the arms
+    that trained beside the main round, by their own time: '; beside train: control 170s'."""
     total = sum(stage_seconds.values())
     parts = ", ".join(f"{name} {sec:.0f}s" for name, sec in
                       sorted(stage_seconds.items(), key=lambda kv: kv[1], reverse=True))
-    return f"round cost {int(total // 60)}m {total % 60:02.0f}s: {parts}"
+    aside = ", ".join(f"{name} {sec:.0f}s" for name, sec in sorted((beside or {}).items()))
+    return f"round cost {int(total // 60)}m {total % 60:02.0f}s: {parts}" + (f"; beside train: {aside}" if aside else "")

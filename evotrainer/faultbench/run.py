@@ -308,18 +308,22 @@ class CaseRun:
         return cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": cfg.train.seed + seed_offset})})
 
     def _train_arms(self, arms: dict[str, str], seed_offset: int) -> tuple[Any, dict[str, str]]:
-        """Train each arm (name -> harness commit) for pilot_steps from the base model, under the
-        case's run config with its training seed moved by `seed_offset`; reuses finished arms."""
+        """Train both arms (name -> harness commit) for pilot_steps from the base model, under the
+        case's run config with its training seed moved by `seed_offset`, side by side where
+        coevolve.parallel_arms allows (coevolve/beside.py); reuses finished arms."""
+        from evotrainer.coevolve.beside import SideArm, beside
         from evotrainer.coevolve.control import train_arm
         from evotrainer.console import make_console
 
         cfg = self._pilot_config(seed_offset)
         runs = {arm: f"pilot{seed_offset}-{arm}" for arm in arms}
         console = make_console(stderr=True)
-        for arm, rev in arms.items():
-            with self.repo.load(rev) as harness:
-                train_arm(cfg, self.ws.root, runs[arm], harness, None, 0, console,
-                          what=f"{self.case.name} pilot {arm}", steps=self.pilot_steps, heldout=False)
+        (first, first_rev), (second, second_rev) = arms.items()
+        what = f"{self.case.name} pilot"
+        side = SideArm(runs[first], first_rev, None, 0, f"{what} {first}", self.pilot_steps, heldout=False)
+        with beside(cfg, self.ws.root, self.repo, side, console), self.repo.load(second_rev) as harness:
+            train_arm(cfg, self.ws.root, runs[second], harness, None, 0, console,
+                      what=f"{what} {second}", steps=self.pilot_steps, heldout=False)
         return cfg, runs
 
     def _pilot(self, item: Tried, change: dict):

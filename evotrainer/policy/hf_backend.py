@@ -1,4 +1,4 @@
-"""The `hf` generation backend: greedy transformers `generate` on the in-memory policy."""
+"""The `hf` generation backend: greedy decoding on the in-memory policy."""
 
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
             enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
             enc = {k: v.to(device) for k, v in enc.items()}
             with torch.no_grad():
-                ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     use_cache=True, pad_token_id=tokenizer.pad_token_id)
+                ids = _greedy(model, enc, max_new_tokens, tokenizer.pad_token_id)
             for row in ids[:, enc["input_ids"].shape[1]:].tolist():
                 end = next((i for i, t in enumerate(row) if t in eos_ids), None)
                 body = row if end is None else row[:end]
@@ -53,6 +52,22 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
         if checkpointing:
             base.gradient_checkpointing_enable()
     return out
+
+
+def _greedy(model, enc: dict, max_new_tokens: int, pad_token_id: int):
+    """`model.generate` greedy, token for token, with a batch that drops each row once it ends
+    (train/sampler.py): a held-out batch's answers end at very different lengths."""
+    import copy
+
+    from evotrainer.train.sampler import handles, shrinking_generate
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(max_new_tokens=max_new_tokens, do_sample=False, use_cache=True, pad_token_id=pad_token_id)
+    for knob in ("temperature", "top_p", "top_k", "min_p"):  # sampling knobs: greedy ignores them
+        setattr(config, knob, None)
+    if set(enc) != {"input_ids", "attention_mask"} or not handles(config):
+        return model.generate(**enc, generation_config=config)
+    return shrinking_generate(model, enc["input_ids"], enc["attention_mask"], config)
 
 
 class HFBackend:

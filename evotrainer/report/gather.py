@@ -101,7 +101,9 @@ def _cost(metrics: dict[str, Any]) -> str | None:
         stages = {"train": metrics["train_seconds"], "evaluation": metrics.get("eval_seconds") or 0.0}
     if not stages or not isinstance(stages, dict):
         return None
-    return describe_cost({str(k): float(v) for k, v in stages.items()}).removeprefix("round cost ")
+    beside = metrics.get("beside_seconds") if isinstance(metrics.get("beside_seconds"), dict) else {}
+    return describe_cost({str(k): float(v) for k, v in stages.items()},
+                         {str(k): float(v) for k, v in beside.items()}).removeprefix("round cost ")
 
 
 def base_success(store: Store) -> dict[str, float]:

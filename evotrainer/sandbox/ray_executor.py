@@ -27,18 +27,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from evotrainer.dist import usable_cpus
 from evotrainer.harness.sandbox import CandidateFailure, SandboxError, SandboxLimits, SandboxPool, WorkerJob
 
 T = TypeVar("T")
 R = TypeVar("R")
 _LOCK = threading.Lock()
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -54,7 +48,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
             return
         # Ray's default /tmp/ray is shared by every session on the machine; ours is private.
         temp = tempfile.mkdtemp(prefix="evo-ray-")
-        ray.init(num_cpus=num_cpus or _cpus(), include_dashboard=False, _temp_dir=temp,
+        ray.init(num_cpus=num_cpus or usable_cpus(), include_dashboard=False, _temp_dir=temp,
                  log_to_driver=False)
         atexit.register(_shutdown, temp)
 

@@ -35,7 +35,7 @@ def handles(config) -> bool:
     diff = config.to_diff_dict()
     return (set(diff) <= _HANDLED and config.cache_implementation is None and config.use_cache is not False
             and (config.num_beams or 1) == 1 and (config.num_return_sequences or 1) == 1
-            and config.max_new_tokens is not None)
+            and config.max_new_tokens is not None and config.eos_token_id is not None)
 
 
 def processors(config) -> list:
