@@ -19,6 +19,8 @@ unfinished and trains again on `--resume`, as a killed arm always has).
 from __future__ import annotations
 
 import multiprocessing
+import os
+import sys
 import threading
 import time
 import traceback
@@ -161,9 +163,6 @@ def _child(config: Config, root: Path, repo_path: Path, arm: SideArm, log: Path,
     """The side arm's process: everything it prints goes to `log`; one result dict to `writer`.
     The parent copied the main run's replay memory already; when it dies (the lifeline's EOF),
     this process ends too, so a resume never finds an orphan still training the same round."""
-    import os
-    import sys
-
     threading.Thread(target=_exit_with_parent, args=(lifeline,), daemon=True).start()
 
     with open(log, "a", encoding="utf-8", buffering=1) as f:
@@ -187,22 +186,18 @@ def _child(config: Config, root: Path, repo_path: Path, arm: SideArm, log: Path,
 
 
 def _scores(config: Config, root: Path, arm: SideArm) -> str:
-    """'held-out success 0.250, validation success 0.300' for the arm's round, from the store."""
+    """What the arm's round measured, read back from the store."""
+    from evotrainer.coevolve.control import describe_scores
     from evotrainer.store import Store
 
     with Store.open(root, config.store.url) as store:
         run_id = store.run_id(arm.run_name)
         rnd = next((r for r in store.rounds(run_id) if r["index"] == arm.index), None) if run_id else None
     metrics = (rnd or {}).get("metrics") or {}
-    scores = [f"{name} success {metrics[key]:.3f}" for name, key in
-              (("held-out", "heldout_success"), ("validation", "validation_success"))
-              if metrics.get(key) is not None]
-    return ", ".join(scores) or "no evals"
+    return describe_scores(metrics.get("heldout_success"), metrics.get("validation_success"))
 
 
 def _exit_with_parent(lifeline) -> None:
-    import os
-
     try:
         lifeline.recv()
     except (EOFError, OSError):

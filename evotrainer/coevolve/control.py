@@ -54,7 +54,7 @@ def train_arm(config: Config, root: Path, run_name: str, harness, start_round: i
     session = open_session(arm, root, console, harness=harness)
     session.eval_heldout = heldout if heldout is not None else not session.validation
     try:
-        if any(r["index"] == index and r["finished_at"] for r in session.store.rounds(session.run_id)):
+        if _finished_round(session.store, session.run_id, index) is not None:
             return False
         start = None
         if start_round is not None:
@@ -68,10 +68,7 @@ def train_arm(config: Config, root: Path, run_name: str, harness, start_round: i
         origin = "the base model" if start is None else f"round {start_round}'s adapter"
         console.print(f"{what}: round {index} from {origin} under {harness.version[:8]}")
         summary = train_from(session, start, index, steps)
-        scores = [f"{name} success {value:.3f}" for name, value in
-                  (("held-out", summary.heldout_success), ("validation", summary.validation_success))
-                  if value is not None]
-        console.print(f"{what}: {', '.join(scores) or 'no evals'}")
+        console.print(f"{what}: {describe_scores(summary.heldout_success, summary.validation_success)}")
         return True
     finally:
         session.store.close()
@@ -89,8 +86,7 @@ def arm_done(root: Path, config: Config, run_name: str, index: int) -> bool:
     from evotrainer.store import Store
 
     with Store.open(root, config.store.url) as store:
-        run_id = store.run_id(run_name)
-        return run_id is not None and any(r["index"] == index and r["finished_at"] for r in store.rounds(run_id))
+        return _finished_round(store, store.run_id(run_name), index) is not None
 
 
 def control_adapter(root: Path, config: Config, index: int) -> str | None:
@@ -101,10 +97,23 @@ def control_adapter(root: Path, config: Config, index: int) -> str | None:
         return _round_adapter(store, store.run_id(control_run(config.run_name)), index)
 
 
+def describe_scores(heldout: float | None, validation: float | None) -> str:
+    """'held-out success 0.250, validation success 0.300' (what an arm's round measured)."""
+    scores = [f"{name} success {value:.3f}" for name, value in (("held-out", heldout), ("validation", validation))
+              if value is not None]
+    return ", ".join(scores) or "no evals"
+
+
+def _finished_round(store, run_id: int | None, index: int) -> dict | None:
+    """A run's round `index` if it has finished, else None."""
+    rounds = store.rounds(run_id) if run_id is not None else []
+    return next((r for r in rounds if r["index"] == index and r["finished_at"]), None)
+
+
 def _round_adapter(store, run_id: int | None, index: int) -> str | None:
     """The adapter a run's finished round `index` saved, or None."""
-    rounds = store.rounds(run_id) if run_id is not None else []
-    return next((r["adapter_path"] for r in rounds if r["index"] == index and r["finished_at"]), None)
+    rnd = _finished_round(store, run_id, index)
+    return rnd["adapter_path"] if rnd else None
 
 
 def control_evals(store, run_name: str, index: int, split: str) -> list[dict]:
