@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from evotrainer.train.sampler import handles, processors, shrinking, shrinking_generate
+from evotrainer.train.sampler import draw, handles, processors, shrinking, shrinking_generate
 
 # Short answers and long ones, so rows end at different steps; prompts of different lengths, so
 # the batch is left-padded.
@@ -142,3 +142,28 @@ def test_held_out_greedy_decoding_answers_as_generate_did(policy):
 def test_a_config_without_an_end_token_goes_to_generate(policy):
     _, tokenizer = policy
     assert not handles(_config(tokenizer, eos_token_id=None))
+
+
+def test_draw_samples_each_row_from_its_own_weights():
+    """Inverse-CDF draws (sampler.draw): each row's frequencies match its weights (four standard
+    errors), unnormalised rows included, and a zero weight is never drawn."""
+    weights = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0],
+                            [2.0, 0.0, 0.0, 0.0, 0.0, 6.0],
+                            [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]])
+    n = 40_000
+    torch.manual_seed(0)
+    drawn = draw(weights.repeat_interleave(n, dim=0)).view(3, n)
+    for row, w in zip(drawn, weights):
+        p = w / w.sum()
+        freq = torch.bincount(row, minlength=len(w)).double() / n
+        assert torch.all(freq[p == 0] == 0), freq
+        se = (p * (1 - p) / n).sqrt().double()
+        assert torch.all((freq - p.double()).abs() <= 4 * se + 1e-12), (freq, p)
+
+
+def test_draw_never_picks_a_zero_weight_at_either_end_of_the_uniform(monkeypatch):
+    weights = torch.tensor([[0.0, 0.25, 0.75, 0.0], [0.0, 0.0, 1e-30, 0.0]])
+    for u in (0.0, 1.0 - 2**-24, 1.0):  # the smallest and largest numbers, and one rounding can reach
+        monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, **kw))
+        picked = draw(weights)
+        assert torch.all(weights[torch.arange(2), picked] > 0), (u, picked)

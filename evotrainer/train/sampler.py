@@ -9,9 +9,13 @@ cache, once it has sampled an end token.
 
 The distribution is transformers': the logits processors are built from the same
 GenerationConfig fields, in transformers' order (repetition penalty, then temperature, top-k,
-top-p, min-p), scores are float32, and a token is drawn with `torch.multinomial` over the softmax
-(argmax when `do_sample` is false). The random draws differ (each draw covers only the live rows),
-so the same seed samples other completions than `generate` would. A config that asks for anything
+top-p, min-p), scores are float32, and a token is drawn from the softmax (argmax when `do_sample`
+is false). The draw is by inverse CDF (`draw`): one uniform number a row, found in the running sum
+of the row's probabilities. That is the distribution `torch.multinomial` samples, at a fraction of
+its cost on a CPU: multinomial draws an exponential for each of the 49k vocabulary entries, 23 ms
+a decode pass at 16 rows on 2 cores, an eighth of the pass. The random draws differ from
+`generate`'s (other numbers, and each covers only the live rows), so the same seed samples other
+completions than `generate` would. A config that asks for anything
 else (beams, a minimum length, banned words, a static cache, ...) goes to `generate` unchanged.
 
 The result is what `generate` returns: prompt and completion ids, each row filled with the pad id
@@ -105,7 +109,7 @@ def _decode(model, ids, mask, position, out, live, width: int, config, steps: li
             for p in steps:
                 scores = p(seen, scores)
         if config.do_sample:
-            new = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            new = draw(torch.softmax(scores, dim=-1))
         else:
             new = scores.argmax(dim=-1)
         out[live, width + step] = new
@@ -121,6 +125,20 @@ def _decode(model, ids, mask, position, out, live, width: int, config, steps: li
         mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         position = position[:, -1:] + 1
     return longest
+
+
+def draw(probs):
+    """One index per row of `probs` (rows of non-negative weights, each with a positive sum), row i
+    drawn with probability probs[i, j] / sum(probs[i]): a uniform number scaled to the row's sum,
+    searched in its running sum. A zero-weight entry is never drawn (its interval is empty, and the
+    search takes the first sum strictly above the number, which stays below the row's total)."""
+    import torch
+
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # rounding may reach the total
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
 
 
 @contextlib.contextmanager
@@ -146,4 +164,4 @@ def shrinking(model, sizes: list[int] | None = None) -> Iterator[None]:
             del model.generate  # the class's method again
 
 
-__all__ = ["handles", "processors", "shrinking", "shrinking_generate"]
+__all__ = ["draw", "handles", "processors", "shrinking", "shrinking_generate"]
