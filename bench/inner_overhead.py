@@ -6,8 +6,10 @@ machine drift hits both alike, and the first step of each run (warm-up) is dropp
 Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32 with transformers'
 generate. A third side, `ours-<precision>-shrink`, runs our step as our loop does by default:
 train.precision (`auto`: bf16 autocast for the loss's forward pass where the hardware multiplies
-bf16 natively, train/precision.py) and train.shrink_batch (sampling drops the rows that ended,
-train/sampler.py); plain/that side is printed: how much faster our step is than plain TRL.
+bf16 natively, train/precision.py), train.shrink_batch (sampling drops the rows that ended,
+train/sampler.py) and train.decode_weights (sampling with the adapter merged and the weights laid
+out for decoding, train/decode_weights.py);
+plain/that side is printed: how much faster our step is than plain TRL.
 
     python bench/inner_overhead.py [--steps 4] [--repeats 2] [--precision auto]
 """
@@ -84,7 +86,7 @@ def run_plain(session, tasks, steps, seed, workdir) -> list[float]:
     return timer
 
 
-def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, shrink_batch=False) -> list[float]:
+def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) -> list[float]:
     from evotrainer.policy import load_policy
     from evotrainer.train.grpo import HarnessGRPOTrainer
     from evotrainer.train.loop import build_peft, grpo_args
@@ -100,7 +102,7 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, shrink_batch
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
                                  recorder=recorder, callbacks=[timer], loss_dtype=loss_dtype,
-                                 shrink_batch=shrink_batch)
+                                 shrink_batch=fast, decode_weights=fast)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return timer
@@ -126,7 +128,7 @@ def main() -> int:
     session = open_session(cfg, work)
     per_prompt = cfg.train.prompts_per_step
     tasks = session.train_tasks[: args.steps * per_prompt]
-    fast = f"ours-{args.precision}-shrink"
+    fast = f"ours-{args.precision}-shrink-dw"
     dtype = loss_dtype(args.precision, "cpu")
     plain, ours, ours_fast = [], [], []
     timers: dict[str, list[StepTimer]] = {"plain": [], "ours": [], fast: []}
@@ -144,7 +146,7 @@ def main() -> int:
           f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
     print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
     print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
-    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss), shrink_batch: "
+    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss), shrink_batch, decode_weights: "
           f"median {statistics.median(ours_fast):.3f} s/step over {len(ours_fast)} steps")
     for side, runs in timers.items():
         lengths = [x for t in runs for x in t.lengths[1:]]

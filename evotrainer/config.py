@@ -117,6 +117,10 @@ class TrainConfig(_Strict):
     # sample training rollouts with a batch that drops each row once it ends (train/sampler.py);
     # false: transformers' generate, which runs every row until the last one ends
     shrink_batch: bool = True
+    # sample and evaluate with the LoRA adapter merged into the base weights and, on a CPU, each
+    # linear weight laid out (in, out), which MKL multiplies a few rows by several times faster
+    # (train/decode_weights.py); false: peft's forward on the weights as they train
+    decode_weights: bool = True
 
 
 class EvalServerConfig(_Strict):

@@ -15,9 +15,13 @@ def chat_prompt(tokenizer, text: str) -> str:
 
 
 def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: int,
-                    batch_size: int, on_batch: Callable[[int], None] | None = None) -> list[Generation]:
-    """Return [(text, truncated, num_tokens)] for chat-formatted prompts, greedy decoded."""
+                    batch_size: int, on_batch: Callable[[int], None] | None = None,
+                    decode_weights: bool = True) -> list[Generation]:
+    """Return [(text, truncated, num_tokens)] for chat-formatted prompts, greedy decoded; `decode_weights`:
+    with generation's own view of the weights (train/decode_weights.py)."""
     import torch
+
+    from evotrainer.train.decode_weights import decoding_weights
 
     eos_ids = {tokenizer.eos_token_id}
     side = tokenizer.padding_side
@@ -33,19 +37,20 @@ def generate_greedy(model, tokenizer, prompts: Sequence[str], max_new_tokens: in
     device = next(model.parameters()).device
     out: list[Generation] = []
     try:
-        for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start:start + batch_size]
-            enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            with torch.no_grad():
-                ids = _greedy(model, enc, max_new_tokens, tokenizer.pad_token_id)
-            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
-                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
-                body = row if end is None else row[:end]
-                text = tokenizer.decode(body, skip_special_tokens=True)
-                out.append(Generation(text, end is None, len(body) + (0 if end is None else 1)))
-            if on_batch:
-                on_batch(len(chunk))
+        with decoding_weights(model, decode_weights):
+            for start in range(0, len(prompts), batch_size):
+                chunk = prompts[start:start + batch_size]
+                enc = tokenizer(list(chunk), return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = {k: v.to(device) for k, v in enc.items()}
+                with torch.no_grad():
+                    ids = _greedy(model, enc, max_new_tokens, tokenizer.pad_token_id)
+                for row in ids[:, enc["input_ids"].shape[1]:].tolist():
+                    end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+                    body = row if end is None else row[:end]
+                    text = tokenizer.decode(body, skip_special_tokens=True)
+                    out.append(Generation(text, end is None, len(body) + (0 if end is None else 1)))
+                if on_batch:
+                    on_batch(len(chunk))
     finally:
         tokenizer.padding_side = side
         model.train(was_training)
@@ -77,8 +82,9 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, batch_size: int = 32):
+    def __init__(self, model, tokenizer, batch_size: int = 32, decode_weights: bool = True):
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.decode_weights = decode_weights  # train.decode_weights (train/decode_weights.py)
 
     def use_adapter(self, adapter: str | Path | None) -> None:
         pass
@@ -86,4 +92,5 @@ class HFBackend:
     def generate(self, prompts: Sequence[str], max_new_tokens: int,
                  on_batch: Callable[[int], None] | None = None) -> list[Generation]:
         texts = [chat_prompt(self.tokenizer, p) for p in prompts]
-        return generate_greedy(self.model, self.tokenizer, texts, max_new_tokens, self.batch_size, on_batch)
+        return generate_greedy(self.model, self.tokenizer, texts, max_new_tokens, self.batch_size, on_batch,
+                               decode_weights=self.decode_weights)

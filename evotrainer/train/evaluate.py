@@ -63,7 +63,8 @@ def make_eval_backend(config, model=None, tokenizer=None, lora_rank: int = 16) -
     per session and switch adapters per round."""
     name = eval_backend_name(config)
     if name == "hf":
-        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=config.eval.batch_size)
+        return get_backend("hf", model=model, tokenizer=tokenizer, batch_size=config.eval.batch_size,
+                           decode_weights=config.train.decode_weights)
     if name == "vllm":
         from evotrainer.policy import resolve_model
 

@@ -21,17 +21,24 @@ then, before the backward pass.
 Sampling (train/sampler.py): with `shrink_batch`, TRL's transformers generation samples with a
 batch that drops each row once it ends, from the same distribution as `generate`.
 
+Decoding weights (train/decode_weights.py): with `decode_weights`, rollouts are sampled with the
+adapter merged into the base weights and each linear weight laid out for decoding; the weights get
+their own tensors back before the loss.
+
 Precision (train/precision.py): with `loss_dtype` set, every log-prob pass runs under that autocast
 and hands back float32 log-probs and entropies; generation is left in float32.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from trl import GRPOTrainer
 
 from evotrainer.experience.inject import ExperienceInjector
 from evotrainer.train.credit import Labeller, StepCredit
+from evotrainer.train.decode_weights import decoding_weights
 from evotrainer.train.recorder import RolloutRecorder
 from evotrainer.train.sample_stats import row_means
 from evotrainer.train.sampler import shrinking
@@ -43,7 +50,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
                  experience: ExperienceInjector | None = None, loss_dtype: torch.dtype | None = None,
-                 shrink_batch: bool = False, **kwargs):
+                 shrink_batch: bool = False, decode_weights: bool = False, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
         # train.precision: the autocast dtype of every log-prob pass, None for fp32 (train/precision.py)
@@ -51,6 +58,9 @@ class HarnessGRPOTrainer(GRPOTrainer):
         # train.shrink_batch: sample rollouts with a batch that drops the rows that ended (train/sampler.py)
         self.shrink_batch = shrink_batch
         self.decode_sizes: list[int] = []  # the rows of each decode pass the shrinking sampler ran
+        # train.decode_weights: sample with generation's own view of the weights (train/decode_weights.py)
+        self.decode_weights = decode_weights
+        self._weights_cache: dict = {}  # the frozen base weights' decoding copies, for this round
         # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
         # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
@@ -59,9 +69,11 @@ class HarnessGRPOTrainer(GRPOTrainer):
         self._seen: set[int] = set()  # rollout indexes the loss has seen, this batch
 
     def _generate_single_turn(self, *args, **kwargs):
-        if not self.shrink_batch or self.use_vllm:
+        if self.use_vllm:
             return super()._generate_single_turn(*args, **kwargs)
-        with shrinking(self.accelerator.unwrap_model(self.model_wrapped), self.decode_sizes):
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        with decoding_weights(model, self.decode_weights, self._weights_cache), \
+                (shrinking(model, self.decode_sizes) if self.shrink_batch else contextlib.nullcontext()):
             return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs):

@@ -342,7 +342,8 @@ def _round_dataset(session: Session, tasks: list[Task], tokenizer, seed: int) ->
 
         rows = agent_rows(tasks)
         kwargs["rollout_func"] = AgentRollout(
-            session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, cfg.domain.agent, tokenizer)
+            session.domain, {t.task_id: t for t in session.train_tasks}, session.harness, cfg.domain.agent, tokenizer,
+            decode_weights=cfg.train.decode_weights)
     # harness.yaml `experience`: lessons in a share of the prompts (experience/inject.py); none for
     # the agent scaffold, whose rollout_func builds its own prompts
     kwargs["experience"] = (None if cfg.domain.scaffold == "agent" else ExperienceInjector.from_harness(
@@ -378,7 +379,8 @@ def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, s
         model=model, args=grpo_args(session, steps, seed, session.workdir / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder,
         callbacks=[callback, CrashPointCallback(session.config.run_name)], loss_dtype=session_loss_dtype(session),
-        shrink_batch=session.config.train.shrink_batch, **scaffold_kwargs,
+        shrink_batch=session.config.train.shrink_batch, decode_weights=session.config.train.decode_weights,
+        **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     return trainer

@@ -38,6 +38,7 @@ from evotrainer.api import Rollout
 from evotrainer.domains.base import Task
 from evotrainer.scaffold.agent import EXIT_STATUSES, ContextLimit, run_agent, to_rollout
 from evotrainer.train.batcher import Batcher, cache_kwarg
+from evotrainer.train.decode_weights import decoding_weights
 from evotrainer.train.evaluate import EvalResult
 
 _MARK = "\u2063evotrainer-reply\u2063"  # stands in for a reply when rendering the text between replies
@@ -184,9 +185,19 @@ def agent_rows(tasks: Sequence[Task]) -> list[dict]:
 
 
 def run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos_ids: Sequence[int],
-                 generation_config=None, stop=None) -> list[Episode]:
+                 generation_config=None, stop=None, decode_weights: bool = True,
+                 cache: dict | None = None) -> list[Episode]:
     """One episode per task (in order), batched or one after another as `limits.batched` says.
-    `generation_config` None decodes greedily. The caller holds the model in its generation state."""
+    `generation_config` None decodes greedily. The caller holds the model in its generation state;
+    `decode_weights`: with generation's own view of the weights (train/decode_weights.py), kept
+    in `cache` by a caller whose base weights do not change."""
+    with decoding_weights(model, decode_weights, cache):
+        return _run_episodes(model, tokenizer, domain, tasks, limits, eos_ids=eos_ids,
+                             generation_config=generation_config, stop=stop)
+
+
+def _run_episodes(model, tokenizer, domain, tasks: Sequence[Task], limits, *, eos_ids: Sequence[int],
+                  generation_config, stop) -> list[Episode]:
     settings = {"max_new_tokens": limits.max_new_tokens, "max_context_tokens": limits.max_context_tokens,
                 "eos_ids": eos_ids, "generation_config": generation_config}
     if not limits.batched:
@@ -214,9 +225,11 @@ class AgentRollout:
     `trainer.batch_inputs` (set by HarnessGRPOTrainer before generation); returns the traces, the
     env mask and, for the recorder, each episode's Rollout (`agent_rollout`)."""
 
-    def __init__(self, domain, tasks: Mapping[str, Task], harness, limits, tokenizer) -> None:
+    def __init__(self, domain, tasks: Mapping[str, Task], harness, limits, tokenizer,
+                 decode_weights: bool = True) -> None:
         self.domain, self.tasks, self.harness = domain, tasks, harness
-        self.limits, self.tokenizer = limits, tokenizer
+        self.limits, self.tokenizer, self.decode_weights = limits, tokenizer, decode_weights
+        self.weights_cache: dict = {}  # the frozen base weights' decoding copies, for the round
         self.last_batch: list[Episode] = []
 
     def __call__(self, prompts: list, trainer) -> dict[str, Any]:
@@ -234,7 +247,8 @@ class AgentRollout:
                                          ) as model, torch.no_grad():
             episodes = run_episodes(model, self.tokenizer, self.domain, [self.tasks[r["task_id"]] for r in rows],
                                     self.limits, eos_ids=trainer.eos_token_ids,
-                                    generation_config=trainer.generation_config, stop=self.harness.stop)
+                                    generation_config=trainer.generation_config, stop=self.harness.stop,
+                                    decode_weights=self.decode_weights, cache=self.weights_cache)
         self.last_batch = episodes
         mode = "train" if trainer.model.training else "eval"
         counts = Counter(e.rollout.meta["exit_status"] for e in episodes)
@@ -248,7 +262,8 @@ class AgentRollout:
                 "agent_rollout": [e.rollout for e in episodes]}
 
 
-def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, seed: int) -> EvalResult:
+def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, seed: int,
+                   decode_weights: bool = True) -> EvalResult:
     """Held-out evaluation of the agent scaffold: one greedy episode per task (one batch over the
     tasks when `limits.batched`), the trusted outcome."""
     import torch
@@ -262,7 +277,8 @@ def evaluate_agent(model, tokenizer, domain, tasks: Sequence[Task], limits, *, s
     if checkpointing:  # it turns the KV cache off: every new token would recompute the prefix
         base.gradient_checkpointing_disable()
     try:
-        episodes = run_episodes(model, tokenizer, domain, tasks, limits, eos_ids=[tokenizer.eos_token_id])
+        episodes = run_episodes(model, tokenizer, domain, tasks, limits, eos_ids=[tokenizer.eos_token_id],
+                                decode_weights=decode_weights)
         for task, episode in zip(tasks, episodes):
             outcome = episode.rollout.outcome
             result.successes += int(outcome.success)
@@ -285,7 +301,8 @@ def evaluate_heldout_agent(session, model, tokenizer, round_id: int | None, adap
     results = []
     limits = session.config.domain.agent
     for seed, tasks in eval_tasks(session, split).items():
-        r = evaluate_agent(model, tokenizer, session.domain, tasks, limits, seed=seed)
+        r = evaluate_agent(model, tokenizer, session.domain, tasks, limits, seed=seed,
+                           decode_weights=session.config.train.decode_weights)
         session.store.add_eval(session.run_id, round_id, split, adapter, seed, r.n, r.successes,
                                {"kinds": dict(r.kinds), "scaffold": "agent", "solved": r.solved})
         results.append(r)
