@@ -4,6 +4,8 @@ each time, ends with the same rounds, backtests, lineage and skills as the same 
 The kills come from crash points (evotrainer/crashpoints.py), so each lands exactly where it is
 meant to: after a backtest report was indexed, right after a promotion's merge, in the middle of
 a control-arm step, between two steps and in the middle of a step of the verified round.
+Live pilots are off (`coevolve.pilot_steps=0`): a resumed pilot is tests/test_pilot.py's,
+and here round 0's two pilots took four of the run's five minutes, in both runs.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def _seed(tmp_path: Path) -> Path:
 
 def _coevolve(workdir: Path, seed: Path, *, resume: bool, crash_at: str | None) -> int:
     cmd = [sys.executable, "-m", "evotrainer", "coevolve", "--config", str(TINY), "--rounds", "2",
-           "--workdir", str(workdir), *(["--resume"] if resume else []), f"harness={seed}"]
+           "--workdir", str(workdir), *(["--resume"] if resume else []), f"harness={seed}",
+           "coevolve.pilot_steps=0"]
     env = {k: v for k, v in os.environ.items() if k != "EVOTRAINER_CRASH_AT"}
     if crash_at:
         env["EVOTRAINER_CRASH_AT"] = crash_at
