@@ -2,8 +2,8 @@
 each time, ends with the same rounds, backtests, lineage and skills as the same run left alone.
 
 The kills come from crash points (evotrainer/crashpoints.py), so each lands exactly where it is
-meant to: after a backtest report was indexed, right after a promotion's merge, in the middle of
-a control-arm step, between two steps and in the middle of a step of the verified round.
+meant to: after a backtest report was indexed, right after a promotion's merge, between two steps
+and in the middle of a step of the verified round, and in the middle of a control-arm step.
 Live pilots are off (`coevolve.pilot_steps=0`): a resumed pilot is tests/test_pilot.py's,
 and here round 0's two pilots took four of the run's five minutes, in both runs.
 """
@@ -27,13 +27,16 @@ from evotrainer.store import Store
 
 TINY = CONFIGS_DIR / "math-tiny.yaml"
 
-# Each kill happens in the process the previous kill's resume started, in run order.
+# Each kill happens in the process the previous kill's resume started, in run order. The control
+# arm trains beside round 1 and starts later (a spawned process), so the main arm may finish its two
+# steps before the control arm reaches its second: the control arm's kill comes last, where the
+# stage waits for it whatever the timing.
 KILLS = [
     "backtest.indexed@1",          # round 0, the first candidate's report indexed, state not saved
     "coevolve.promoted",           # round 0, main merged, state not saved
-    "train.mid_step:tiny~control@2",  # round 1's control arm, inside its second step
     "train.step_end:tiny@1",       # round 1 (the verified one), between its two steps
     "train.mid_step:tiny@2",       # round 1 again, inside its second step
+    "train.mid_step:tiny~control@2",  # round 1's control arm, inside its second step
 ]
 
 

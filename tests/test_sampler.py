@@ -164,6 +164,6 @@ def test_draw_samples_each_row_from_its_own_weights():
 def test_draw_never_picks_a_zero_weight_at_either_end_of_the_uniform(monkeypatch):
     weights = torch.tensor([[0.0, 0.25, 0.75, 0.0], [0.0, 0.0, 1e-30, 0.0]])
     for u in (0.0, 1.0 - 2**-24, 1.0):  # the smallest and largest numbers, and one rounding can reach
-        monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, **kw))
+        monkeypatch.setattr(torch, "rand", lambda shape, u=u, **kw: torch.full(shape, u, **kw))
         picked = draw(weights)
         assert torch.all(weights[torch.arange(2), picked] > 0), (u, picked)

@@ -1,9 +1,10 @@
 """An arm trained beside other work: the control arm next to the main round, a pilot's base arm
 next to its candidate.
 
-On a CPU the policy's small matrix products keep the cores only partly busy (a decode step is
-mostly per-operator overhead, which one thread runs), so two arms trained at once, in two
-processes with half the cores each, finish well before the same two one after the other
+On a CPU the policy's small matrix products and per-operator work gain little from a second
+thread (the default math step: 11.7 s on 2 threads, 18.1 s on 1, on a 2-core Xeon), so two arms
+trained at once, in two processes with half the cores each, finish well before the same two one
+after the other
 (`bench/parallel_arms.py` prints the ratio). `coevolve.parallel_arms` decides: `auto` is on for
 a single process with no CUDA device and at least two cores, where the arms share nothing but
 the CPU; false trains the side arm first, in this process.

@@ -23,8 +23,8 @@ differs only where two candidates tie to within it.
 
 An adapter this cannot merge exactly (DoRA and other variants, a LoRA bias, an embedding or
 convolution adapter, dropout in training mode) is left running unmerged; the base weights are
-still laid out. On a GPU the weights stay as they are (cuBLAS takes either layout) and only the
-merge applies.
+still laid out. Off a CPU the context does nothing: cuBLAS takes either layout, and a merged copy
+would double the adapted weights' memory on the card.
 """
 
 from __future__ import annotations
@@ -71,12 +71,10 @@ def _adapters(layers) -> dict:
 
 
 def _merged(weight, parts, cache: dict | None):
-    """`weight` plus its adapters' deltas: (out, in) as trained off a CPU; on a CPU the (in, out)
-    copy plus each scale * A.T @ B.T, as its (out, in) view."""
+    """`weight` plus its adapters' deltas: the (in, out) copy plus each scale * A.T @ B.T, as its
+    (out, in) view."""
     import torch
 
-    if weight.device.type != "cpu":
-        return weight.data + sum(s * (b @ a) for a, b, s in parts).to(weight.dtype)
     laid = _input_major(weight, cache)
     for a, b, s in parts:
         laid = torch.addmm(laid, a.t().to(weight.dtype), b.t().to(weight.dtype), alpha=s)
@@ -97,12 +95,13 @@ def _input_major(weight, cache: dict | None):
 @contextlib.contextmanager
 def decoding_weights(model, enabled: bool = True, cache: dict | None = None) -> Iterator[bool]:
     """Within it the model computes with its active LoRA adapters merged into the base weights
-    and, on a CPU, every linear weight laid out (in, out); yields whether it merged an adapter.
-    `enabled` false: the model as it is. `cache`: a dict the caller keeps while the model's base
-    weights stay as they are (a trainer, for its round), so their copies are made once."""
+    and every linear weight laid out (in, out); yields whether it merged an adapter. `enabled`
+    false, or a model off the CPU: the model as it is. `cache`: a dict the caller keeps while the
+    model's base weights stay as they are (a trainer, for its round), so their copies are made
+    once."""
     import torch
 
-    if not enabled:
+    if not enabled or any(p.device.type != "cpu" for p in model.parameters()):
         yield False
         return
     layers = lora_layers(model)
@@ -117,8 +116,6 @@ def decoding_weights(model, enabled: bool = True, cache: dict | None = None) -> 
                         or id(module.weight) in kept:  # a weight two layers share is laid out once
                     continue
                 weight, parts = module.weight, adapters.get(id(module), [])
-                if weight.device.type != "cpu" and not parts:
-                    continue
                 laid = _merged(weight, parts, cache) if parts else _input_major(weight, cache).t()
                 kept[id(weight)] = (weight, weight.data)
                 weight.data = laid
