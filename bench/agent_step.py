@@ -5,7 +5,8 @@ Each run trains one round through train/loop.py's train_round (the real wiring: 
 rollout_func for agent) on the embedded model and the bundled pack, from the same seed; the step
 time excludes model loading and held-out evaluation. Prints per run: seconds per step, the
 outcome kinds and agent endings of the stored rollouts, and mean sampled tokens per rollout; then
-the sequential agent step's time over the batched one's. Each step is split into generation,
+the sequential agent step's time over the batched one's (and, with `agent-sequential-plain`, the
+sequential path without train.decode_weights and train.shared_prefix over the batched one with them). Each step is split into generation,
 the episodes' tool calls and test runs (the rollout function's time less its generation), and the
 rest (the loss's forward and backward): the rest is the same work in both agent runs. Sampling differs between the two agent
 runs (one RNG stream for the batch), so their endings and token counts differ too.
@@ -54,7 +55,11 @@ def pinned_harness(folder: Path) -> Path:
 
 RUNS = {"edit": ["domain.scaffold=edit"],
         "agent-sequential": ["domain.scaffold=agent", "domain.agent.batched=false"],
-        "agent-batched": ["domain.scaffold=agent", "domain.agent.batched=true"]}
+        "agent-batched": ["domain.scaffold=agent", "domain.agent.batched=true"],
+        # the sequential path without this round's step cuts: peft's layers while decoding, TRL's
+        # log-prob pass over every whole row
+        "agent-sequential-plain": ["domain.scaffold=agent", "domain.agent.batched=false",
+                                   "train.decode_weights=false", "train.shared_prefix=false"]}
 
 
 class Parts:
@@ -151,6 +156,9 @@ def main() -> None:
     step = {r["run"]: r["step_s"] for r in results}
     if {"agent-sequential", "agent-batched"} <= set(step):
         print(f"agent step, sequential / batched: {step['agent-sequential'] / step['agent-batched']:.2f}x")
+    if {"agent-sequential-plain", "agent-batched"} <= set(step):
+        print(f"agent step, sequential without decode_weights and shared_prefix / batched with them: "
+              f"{step['agent-sequential-plain'] / step['agent-batched']:.2f}x")
 
 
 if __name__ == "__main__":

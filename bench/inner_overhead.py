@@ -4,11 +4,12 @@ Same model, batch, lengths, seed and LoRA config; the plain script's reward is t
 math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
 machine drift hits both alike, and the first step of each run (warm-up) is dropped.
 Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32 with transformers'
-generate. A third side, `ours-<precision>-shrink`, runs our step as our loop does by default:
+generate. A third side, `ours-<precision>-shrink-dw-sp`, runs our step as our loop does by default:
 train.precision (`auto`: bf16 autocast for the loss's forward pass where the hardware multiplies
 bf16 natively, train/precision.py), train.shrink_batch (sampling drops the rows that ended,
-train/sampler.py) and train.decode_weights (sampling with the adapter merged and the weights laid
-out for decoding, train/decode_weights.py);
+train/sampler.py), train.decode_weights (sampling with the adapter merged and the weights laid
+out for decoding, train/decode_weights.py) and train.shared_prefix (the loss's log-prob pass runs
+each distinct prompt once and scores only the completions, train/shared_prefix.py);
 plain/that side is printed: how much faster our step is than plain TRL.
 
     python bench/inner_overhead.py [--steps 4] [--repeats 2] [--precision auto]
@@ -102,7 +103,7 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) 
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
                                  recorder=recorder, callbacks=[timer], loss_dtype=loss_dtype,
-                                 shrink_batch=fast, decode_weights=fast)
+                                 shrink_batch=fast, decode_weights=fast, shared_prefix=fast)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return timer
@@ -128,7 +129,7 @@ def main() -> int:
     session = open_session(cfg, work)
     per_prompt = cfg.train.prompts_per_step
     tasks = session.train_tasks[: args.steps * per_prompt]
-    fast = f"ours-{args.precision}-shrink-dw"
+    fast = f"ours-{args.precision}-shrink-dw-sp"
     dtype = loss_dtype(args.precision, "cpu")
     plain, ours, ours_fast = [], [], []
     timers: dict[str, list[StepTimer]] = {"plain": [], "ours": [], fast: []}
@@ -146,7 +147,7 @@ def main() -> int:
           f"max_completion_length {g['max_completion_length']}, model SmolLM2-135M + LoRA r{g['lora_rank']}")
     print(f"plain TRL GRPOTrainer: median {statistics.median(plain):.3f} s/step over {len(plain)} steps")
     print(f"evotrainer step:       median {statistics.median(ours):.3f} s/step over {len(ours)} steps")
-    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss), shrink_batch, decode_weights: "
+    print(f"evotrainer step, train.precision={args.precision} ({'bf16' if dtype else 'fp32'} loss), shrink_batch, decode_weights, shared_prefix: "
           f"median {statistics.median(ours_fast):.3f} s/step over {len(ours_fast)} steps")
     for side, runs in timers.items():
         lengths = [x for t in runs for x in t.lengths[1:]]

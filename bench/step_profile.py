@@ -16,14 +16,16 @@ each other's is printed. The variants: `generate` (transformers' generate, every
 the last ends) or `shrink` (train.shrink_batch: the batch drops the rows that ended), each with
 `fp32` or `bf16` (train.precision: the loss's forward pass under bf16 autocast), sampling with
 peft's LoRA layers on the weights as they train, and each of those with `-dw`
-(train.decode_weights: the adapter merged and the weights laid out for decoding while sampling).
+(train.decode_weights: the adapter merged and the weights laid out for decoding while sampling),
+and each of those with `-sp` (train.shared_prefix: the log-prob passes run each distinct prompt
+once and score only the completions); without `-sp`, TRL's pass over every whole row.
 
 Generation is compared with the memory-bandwidth bound: a decode step reads every weight once
 whatever the batch, so decode steps per second cannot beat bandwidth / weight bytes. Bandwidth
 is measured here with a large tensor copy. The first step (warm-up) is dropped.
 
     python bench/step_profile.py [--steps 4] [--config configs/math.yaml] [--set key=value ...]
-                                 [--variants generate-fp32 shrink-fp32 shrink-bf16 shrink-bf16-dw]
+                                 [--variants shrink-fp32-dw shrink-fp32-dw-sp ...]
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ from evotrainer.cli.main import quiet_libraries
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR
 
-VARIANTS = {f"{decode}-{precision}{dw}": [f"train.shrink_batch={str(decode == 'shrink').lower()}",
-                                          f"train.precision={precision}",
-                                          f"train.decode_weights={str(bool(dw)).lower()}"]
-            for decode in ("generate", "shrink") for precision in ("fp32", "bf16") for dw in ("", "-dw")}
+VARIANTS = {f"{decode}-{precision}{dw}{sp}": [f"train.shrink_batch={str(decode == 'shrink').lower()}",
+                                              f"train.precision={precision}",
+                                              f"train.decode_weights={str(bool(dw)).lower()}",
+                                              f"train.shared_prefix={str(bool(sp)).lower()}"]
+            for decode in ("generate", "shrink") for precision in ("fp32", "bf16") for dw in ("", "-dw")
+            for sp in ("", "-sp")}
 
 
 class Profile:
@@ -155,6 +159,7 @@ def profile_steps(cfg, steps: int, work: Path) -> tuple[list, Profile, int]:
                                  train_dataset=Dataset.from_list(rows), processing_class=tok, recorder=recorder,
                                  callbacks=[clock], loss_dtype=session_loss_dtype(session),
                                  shrink_batch=cfg.train.shrink_batch, decode_weights=cfg.train.decode_weights,
+                                 shared_prefix=cfg.train.shared_prefix,
                                  **scaffold_kwargs)
     trainer.remove_callback(PrinterCallback)
     profile.wrap_generate(GenerationMixin)
@@ -181,7 +186,7 @@ def main() -> int:
     ap.add_argument("--config", type=Path, default=CONFIGS_DIR / "math.yaml")
     ap.add_argument("--set", action="append", default=[], help="a config override (key=value)")
     ap.add_argument("--variants", nargs="+",
-                    default=["generate-fp32", "shrink-fp32", "shrink-bf16", "shrink-bf16-dw"],
+                    default=["shrink-fp32-dw", "shrink-fp32-dw-sp"],
                     choices=list(VARIANTS), help="the runs, side by side; the first is the baseline")
     args = ap.parse_args()
     if args.steps < 2:

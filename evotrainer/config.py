@@ -121,6 +121,9 @@ class TrainConfig(_Strict):
     # linear weight laid out (in, out), which MKL multiplies a few rows by several times faster
     # (train/decode_weights.py); false: peft's forward on the weights as they train
     decode_weights: bool = True
+    # the loss's log-prob pass runs each distinct prompt once and scores only the completions
+    # (train/shared_prefix.py); false: TRL's pass over every row's whole sequence
+    shared_prefix: bool = True
 
 
 class EvalServerConfig(_Strict):

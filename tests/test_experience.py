@@ -314,11 +314,14 @@ def test_cli_distill_list_show_search(math_work):
 
 
 @pytest.mark.slow
-def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
+@pytest.mark.parametrize("shared_prefix", [True, False])
+def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir, shared_prefix):
     """One real GRPO step (train_round) with every rollout guided: the policy generates from
     prompts that hold the lessons, but every forward pass that computes the loss (grad enabled)
     gets the clean prompt, with a contiguous attention mask, and the reference log-probs (beta > 0)
-    are taken on that same clean sequence."""
+    are taken on that same clean sequence. The backbone's passes are the ones watched: with
+    train.shared_prefix the loss runs the prompt alone (no cache yet), then the completion on its
+    cache; without, TRL's pass runs each whole row."""
     import torch
 
     from evotrainer.config import load_config
@@ -342,22 +345,24 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     assert harness.spec.experience["clip_high"] == 0.6
     assert harness.spec.grpo["max_completion_length"] == 12 and harness.spec.grpo["num_generations"] == 4
 
-    cfg = load_config(CONFIGS_DIR / "math-tiny.yaml", ["domain.heldout_size=2"])
+    cfg = load_config(CONFIGS_DIR / "math-tiny.yaml",
+                      ["domain.heldout_size=2", f"train.shared_prefix={str(shared_prefix).lower()}"])
     session = open_session(cfg, tmp_path / "work", harness=harness)
     all_rule_lessons(session.store)
     texts = [row["text"] for row in session.store.lessons(domain="math")]
     header = render_block([]).strip()  # "Lessons from earlier attempts at similar tasks:"
 
     model, tokenizer = load_policy(cfg.policy.model, None, trainable=True)
-    forwards: list[tuple[bool, torch.Tensor, torch.Tensor]] = []
+    forwards: list[tuple[bool, bool, torch.Tensor, torch.Tensor]] = []  # (grad, on a cache, ids, mask)
 
     def record(_module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else mask
-        forwards.append((torch.is_grad_enabled(), ids.detach().clone(), mask.detach().clone()))
+        cached = kwargs.get("cache", kwargs.get("past_key_values")) is not None
+        forwards.append((torch.is_grad_enabled(), cached, ids.detach().clone(), mask.detach().clone()))
 
-    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    handle = model.model.register_forward_pre_hook(record, with_kwargs=True)  # the backbone
     model = build_peft(model, session.grpo)
     from trl import GRPOTrainer
 
@@ -378,11 +383,13 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
     assert clips and all(isinstance(c, torch.Tensor) and c.shape == (4, 1) for c in clips)
     assert all(c.eq(torch.tensor(0.6)).all() for c in clips)
 
-    loss = [n for n, (grad, _, _) in enumerate(forwards) if grad]
+    # the loss's passes that start a sequence: whole rows, or (shared prefix) the prompts alone
+    loss = [n for n, (grad, cached, _, _) in enumerate(forwards) if grad and not cached]
     assert loss, "no forward pass with gradients: the loss was never computed"
+    assert any(grad and cached for grad, cached, _, _ in forwards) == shared_prefix
     before = forwards[: loss[0]]
     # the policy generated from prompts holding the lessons (the first pass of generate sees them)
-    first = [tokenizer.decode(i[m.bool()]) for i, m in zip(before[0][1], before[0][2])]
+    first = [tokenizer.decode(i[m.bool()]) for i, m in zip(before[0][2], before[0][3])]
     assert all(header in row and any(t[:40] in row for t in texts) for row in first)
 
     rollouts = list(session.store.iter_rollouts(run_id=session.run_id))
@@ -391,7 +398,7 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
                                           add_generation_prompt=True, tokenize=True, return_dict=True)
     clean = list(clean["input_ids"][0])
     for n in loss:
-        _, ids, mask = forwards[n]
+        _, _, ids, mask = forwards[n]
         for row, m in zip(ids, mask):
             # left padding, then exactly the clean prompt (attended), then the completion: the
             # lessons are nowhere in the prompt part of the sequence, as tokens or as context
@@ -400,12 +407,13 @@ def test_experience_never_reaches_the_loss(tmp_path, embedded_model_dir):
             assert row[start:start + len(clean)].tolist() == clean and bool(m[start:start + len(clean)].all())
             runs = torch.diff(torch.cat([m.new_zeros(1), m, m.new_zeros(1)])).abs().sum().item()
             assert runs == 2  # one contiguous run of attended tokens: no hole where lessons were
-    # the last no-grad pass before the loss is the reference model's, on the same clean sequences
-    # (TRL shuffles the batch's rows between scoring and the loss, so compare them as a set)
+    # the last no-grad pass before the loss that starts a sequence is the reference model's, on the
+    # same clean sequences (TRL shuffles the batch's rows between scoring and the loss: compared as sets)
     def row_set(ids, mask):
         return sorted((tuple(i.tolist()), tuple(m.tolist())) for i, m in zip(ids, mask))
 
-    assert row_set(*before[-1][1:]) == row_set(*forwards[loss[0]][1:])
+    reference = [f for f in before if not f[0] and not f[1]][-1]
+    assert row_set(*reference[2:]) == row_set(*forwards[loss[0]][2:])
 
     assert len(rollouts) == session.grpo["num_generations"]
     lesson_ids = {row["id"] for row in session.store.lessons()}

@@ -25,6 +25,10 @@ Decoding weights (train/decode_weights.py): with `decode_weights`, rollouts are 
 adapter merged into the base weights and each linear weight laid out for decoding; the weights get
 their own tensors back before the loss.
 
+Shared prefix (train/shared_prefix.py): with `shared_prefix`, every log-prob pass runs each distinct
+prompt once, hands its key/value cache to the prompt's rows and scores only the completion tokens;
+TRL's own pass runs where it declines (images, scaled logit heads, MoE auxiliary loss).
+
 Precision (train/precision.py): with `loss_dtype` set, every log-prob pass runs under that autocast
 and hands back float32 log-probs and entropies; generation is left in float32.
 """
@@ -42,6 +46,7 @@ from evotrainer.train.decode_weights import decoding_weights
 from evotrainer.train.recorder import RolloutRecorder
 from evotrainer.train.sample_stats import row_means
 from evotrainer.train.sampler import shrinking
+from evotrainer.train.shared_prefix import shared_prefix_logps
 
 
 class HarnessGRPOTrainer(GRPOTrainer):
@@ -50,7 +55,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, recorder: RolloutRecorder, step_labeller: Labeller | None = None,
                  experience: ExperienceInjector | None = None, loss_dtype: torch.dtype | None = None,
-                 shrink_batch: bool = False, decode_weights: bool = False, **kwargs):
+                 shrink_batch: bool = False, decode_weights: bool = False, shared_prefix: bool = False, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
         # train.precision: the autocast dtype of every log-prob pass, None for fp32 (train/precision.py)
@@ -61,6 +66,8 @@ class HarnessGRPOTrainer(GRPOTrainer):
         # train.decode_weights: sample with generation's own view of the weights (train/decode_weights.py)
         self.decode_weights = decode_weights
         self._weights_cache: dict = {}  # the frozen base weights' decoding copies, for this round
+        # train.shared_prefix: log-prob passes that run each distinct prompt once (train/shared_prefix.py)
+        self.shared_prefix = shared_prefix
         # harness.yaml `step_credit`: judge step labels -> per-token advantages (train/credit.py)
         self.step_credit = StepCredit.from_harness(recorder.harness, step_labeller)
         # harness.yaml `experience`: lessons in a share of prompts, stripped before the loss
@@ -130,15 +137,36 @@ class HarnessGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         if self.loss_dtype is None:
-            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            out = self._logps_pass(*args, **kwargs)
         else:  # every log-prob pass alike, so a ratio of two passes compares like with like
             with torch.autocast(self.accelerator.device.type, dtype=self.loss_dtype):
-                logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+                logps, entropies, aux = self._logps_pass(*args, **kwargs)
             out = (logps.float(), None if entropies is None else entropies.float(),
                    None if aux is None else aux.float())
         if self._measuring and kwargs.get("compute_entropy"):  # the loss's own pass (GRPOTrainer._compute_loss)
             self._measured = out[0].detach(), out[1].detach()
         return out
+
+    def _logps_pass(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                    compute_entropy=False, compute_aux_loss=False, **extra):
+        """The shared-prefix pass in chunks of `batch_size` rows where it applies, else TRL's."""
+        plain = not self.shared_prefix or compute_aux_loss or self.args.cast_lm_head_to_fp32 or any(
+            value is not None for value in extra.values())
+        if not plain:
+            size, parts = batch_size or input_ids.size(0), []
+            for start in range(0, input_ids.size(0), size):
+                with self.accelerator.autocast():
+                    part = shared_prefix_logps(model, input_ids[start:start + size], attention_mask[start:start + size],
+                                               logits_to_keep, self.temperature, compute_entropy)
+                if part is None:  # the model is not one it can split (train/shared_prefix.py)
+                    break
+                parts.append(part)
+            else:
+                return (torch.cat([p[0] for p in parts]),
+                        torch.cat([p[1] for p in parts]) if compute_entropy else None, None)
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+            compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
 
     def _clipped_loss(self, model, inputs):
         """TRL's loss, with each row's own upper clip where the batch carries `clip_high`."""

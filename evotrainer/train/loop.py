@@ -380,7 +380,7 @@ def _trainer(session: Session, model, tokenizer, rows: list[dict], steps: int, s
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer, recorder=recorder,
         callbacks=[callback, CrashPointCallback(session.config.run_name)], loss_dtype=session_loss_dtype(session),
         shrink_batch=session.config.train.shrink_batch, decode_weights=session.config.train.decode_weights,
-        **scaffold_kwargs,
+        shared_prefix=session.config.train.shared_prefix, **scaffold_kwargs,
     )
     trainer.remove_callback(PrinterCallback)  # our progress bar replaces the raw log dicts
     return trainer
