@@ -228,3 +228,45 @@ def test_each_episode_keeps_its_kv_cache_across_turns(policy):
     for turn in (1, 2):  # at most each row's last reply token and its follow-up, not the whole trace
         assert prefills[turn] <= 1 + longest_follow < full[turn], (prefills, full)
         assert full[turn] == max(n for log in cached for n, _ in log[turn:turn + 1])
+
+
+def test_a_groups_prompt_is_prefilled_once(policy):
+    """Three episodes of one task start from the same prompt: its KV is computed once, in one
+    single-row pass of all but its last token, and every greedy reply is the one each episode gets
+    alone in a batch of its own."""
+    from evotrainer.train.batcher import Batcher
+
+    model, tokenizer = policy
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt = encode("Name three colours of the rainbow, then three fruits, then stop.")
+    follow = [" Go on.", " Now the same again but in reverse order, please.", " More."]
+
+    def run(indices: list[int]):
+        shapes: list[tuple[int, int]] = []  # (rows, width) of every forward pass
+        hook = model.register_forward_pre_hook(lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+        batcher = Batcher(model, pad_token_id=tokenizer.eos_token_id)
+
+        def job(i: int):
+            def episode():
+                ids, cache, log = list(prompt), None, []
+                for _ in range(2):
+                    reply, cache = batcher.generate(ids, 5, cache=cache)
+                    log.append(reply)
+                    ids = ids + reply + encode(follow[i])
+                return log
+            return episode
+
+        try:
+            logs = _within(300, lambda: batcher.run([job(i) for i in indices]))["result"]
+        finally:
+            hook.remove()
+        return logs, shapes
+
+    together, shapes = run([0, 1, 2])
+    alone = [run([i])[0][0] for i in range(3)]
+    assert together == alone
+    assert shapes[0] == (1, len(prompt) - 1)  # the prompt once
+    assert shapes[1] == (3, 1)  # then generate feeds each row its last prompt token, nothing more
+    _, single = run([0])
+    assert single[0] == (1, len(prompt))  # a lone episode prefills in generate as before

@@ -19,6 +19,10 @@ how the cached keys were computed in the first place. After the batch, each row'
 to its own trace (its prompt and reply, without the pad columns of other rows or the pad tokens
 after its end) and returned with the reply.
 
+A step's episodes of one task start from the same prompt: requests with no cache yet and the same
+ids get the KV of all but their last token from one single-row pass (`_share_prompts`), so a
+group's prompt is prefilled once, not once per episode.
+
 Simplifications: a turn's batch waits for every live episode, so one slow tool call holds the
 batch (a batch that left it out would split into ever smaller batches as episodes drift apart).
 """
@@ -188,6 +192,7 @@ class Batcher:
         import torch
 
         self.sizes.append(len(batch))
+        self._share_prompts(batch)
         width = max(len(r.ids) for r in batch)
         # every row feeds at least its last token; the columns left of the longest uncached tail are cached
         fresh = max(len(r.ids) - min(_length(r.cache), len(r.ids) - 1) for r in batch)
@@ -223,6 +228,26 @@ class Batcher:
             keep = None if cache is None else _row(cache, i, width - len(r.ids), width + min(len(reply), cached - width))
             replies.append((reply, keep))
         return replies
+
+
+    def _share_prompts(self, batch: Sequence[_Request]) -> None:
+        """Requests with no cache and the same ids get the KV of all but their last token, computed
+        once for them all (the last token is fed by `generate`, which needs a fresh column a row)."""
+        import torch
+
+        groups: dict[tuple[int, ...], list[_Request]] = {}
+        for r in batch:
+            if r.cache is None and len(r.ids) > 1:
+                groups.setdefault(tuple(r.ids), []).append(r)
+        for ids, group in groups.items():
+            if len(group) < 2:
+                continue
+            with torch.no_grad():
+                out = self.model(input_ids=torch.tensor([ids[:-1]], device=self.model.device), use_cache=True,
+                                 logits_to_keep=1)
+            cache = _row(out.get("cache", out.get("past_key_values")), 0, 0, len(ids) - 1)
+            for r in group:
+                r.cache = cache  # read only: _join copies it into the batch's tensors
 
 
 def cache_kwarg() -> str:
