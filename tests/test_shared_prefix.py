@@ -97,9 +97,12 @@ def test_shared_prefix_without_entropy_and_with_one_row_a_prompt(adapted):
     assert not torch.allclose(logps[scored], plain[scored], atol=1e-2)  # the changed prompts mattered
 
 
-def test_shared_prefix_declines_a_capped_head(adapted):
+def test_shared_prefix_declines_a_capped_head_and_a_right_padded_prompt(adapted):
     model, tokenizer = adapted
     ids, mask = _batch(tokenizer)
+    right = mask.clone()
+    right[0, -LENGTH - 1] = 0
+    assert shared_prefix_logps(model, ids, right, LENGTH, 0.7, True) is None
     config = model.get_base_model().config
     config.final_logit_softcapping = 30.0
     try:

@@ -229,7 +229,6 @@ class Batcher:
             replies.append((reply, keep))
         return replies
 
-
     def _share_prompts(self, batch: Sequence[_Request]) -> None:
         """Requests with no cache and the same ids get the KV of all but their last token, computed
         once for them all (the last token is fed by `generate`, which needs a fresh column a row)."""

@@ -14,7 +14,8 @@ the adapter: the result is the same function of the weights as TRL's pass, up to
 TRL's pass gives (0..L-1 whatever the padding), since the backbone counts on from the cache.
 
 It declines (returns None, and TRL's pass runs) where the model's forward takes more than ids and a
-mask (images, token types), or has no key/value cache to continue from.
+mask (images, token types), has no key/value cache to continue from, or has a prompt padded on the
+right (TRL pads prompts on the left).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def shared_prefix_logps(model, input_ids: torch.Tensor, attention_mask: torch.Te
         return None  # heads that scale or cap their logits go through TRL's own pass
 
     split = input_ids.size(1) - logits_to_keep
+    if not attention_mask[:, split - 1].all():
+        return None  # a prompt padded on the right: its last hidden state would be a pad's
     prompts = torch.cat([input_ids[:, :split], attention_mask[:, :split]], dim=1)
     distinct, row_prompt = torch.unique(prompts, dim=0, return_inverse=True)
     prompt_out = backbone(input_ids=distinct[:, :split], attention_mask=distinct[:, split:], use_cache=True)
