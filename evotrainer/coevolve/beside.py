@@ -2,12 +2,12 @@
 next to its candidate.
 
 On a CPU the policy's small matrix products and per-operator work gain little from a second
-thread (the default math step: 11.7 s on 2 threads, 18.1 s on 1, on a 2-core Xeon), so two arms
-trained at once, in two processes with half the cores each, finish well before the same two one
-after the other
-(`bench/parallel_arms.py` prints the ratio). `coevolve.parallel_arms` decides: `auto` is on for
-a single process with no CUDA device and at least two cores, where the arms share nothing but
-the CPU; false trains the side arm first, in this process.
+thread (the default math step on a 2-core Xeon: 6.9 s alone on 2 threads, 8.3 s on 1 beside the
+control arm), so two arms trained at once, in two processes with half the cores each, finish well
+before the same two one after the other (`bench/parallel_arms.py` prints the ratio).
+`coevolve.parallel_arms` decides: `auto` is on for a single process with no CUDA device and at
+least two cores, where the arms share nothing but the CPU; false trains the side arm first, in
+this process.
 
 The side arm runs in a spawned process under the same config, seed and task history as it would
 in this one; matrix products split over fewer threads add in another order, so its numbers
