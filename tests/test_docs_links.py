@@ -1,4 +1,5 @@
-"""The README and docs/ point only at files (and headings) that exist, and the README stays short.
+"""The README and docs/ point only at files (and headings) that exist; the README stays short and
+its layout names every package.
 
 Docs move and get renamed; a link that still names the old place fails here instead of in a
 newcomer's browser. Links inside code blocks and inline code are text, not links, and are skipped;
@@ -63,6 +64,15 @@ def test_every_relative_link_resolves(doc):
 def test_the_readme_fits_its_limit():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
+
+
+def test_the_readme_layout_names_every_package():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    # Every folder of Python modules, namespace packages (no __init__.py, such as train/) too.
+    packages = sorted({p.parent.name for p in (ROOT / "evotrainer").glob("*/*.py")})
+    assert packages, "no packages found under evotrainer/"
+    missing = [name for name in packages if not re.search(rf"^evotrainer/{name}/ ", readme, re.MULTILINE)]
+    assert missing == [], f"README.md's layout lacks {missing}"
 
 
 def test_a_missing_file_or_heading_is_found_and_code_is_not_read_as_links(tmp_path):
