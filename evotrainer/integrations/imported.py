@@ -208,23 +208,49 @@ def convert_records(source: str, records: Iterable[Record], *, run: str, policy:
     return Converted(source, run, policy, rows, list(tasks.values()))
 
 
-def store_converted(store: Store, done: Converted, round_index: int | None = None) -> Imported:
-    """Store converted rollouts as one round of their run; SourceErrors (nothing stored) for any
-    already in the store."""
+@dataclass(frozen=True)
+class Target:
+    """The run and round imported rollouts go into."""
+
+    run: str
+    run_id: int
+    round: int
+    round_id: int
+
+
+def open_round(store: Store, source: str, run: str, policy: OutcomePolicy, round_index: int | None = None) -> Target:
+    """The run (made if missing, its config saying where its rollouts came from) and a round of it."""
+    run_id = store.get_or_create_run(run, policy.domain, {"imported_from": source, OUTCOME_BY_KEY: policy.label})
+    index = next_round(store, run) if round_index is None else round_index
+    round_id = store.start_round(run_id, index, harness_version="imported", model_version=source)
+    return Target(run, run_id, index, round_id)
+
+
+def check_new(store: Store, done: Converted) -> None:
+    """SourceErrors naming each record already in the store."""
     where = {sr.rollout.id: (w, line) for w, line, sr in done.rows}
     clash = [(*where[rid], "already in the store (imported before)") for rid in store.existing_ids(where)]
     if clash:
         raise SourceErrors(clash)
-    run_id = store.get_or_create_run(done.run, done.policy.domain,
-                                     {"imported_from": done.source, OUTCOME_BY_KEY: done.policy.label})
-    index = next_round(store, done.run) if round_index is None else round_index
-    round_id = store.start_round(run_id, index, harness_version="imported", model_version=done.source)
+
+
+def add_converted(store: Store, done: Converted, target: Target) -> int:
+    """Store converted rollouts in `target`, all or none; SourceErrors for any already stored."""
+    check_new(store, done)
     store.upsert_tasks(done.policy.domain, done.tasks)
     try:
-        added = store.add_rollouts([replace(sr, run_id=run_id, round_id=round_id) for _, _, sr in done.rows])
+        return store.add_rollouts([replace(sr, run_id=target.run_id, round_id=target.round_id) for _, _, sr in done.rows])
     except DBAPIError as exc:  # rolled back whole; said without its SQL or values
         raise ImportRefused(exc) from exc
-    return Imported(done.run, index, added, done.policy.label)
+
+
+def store_converted(store: Store, done: Converted, round_index: int | None = None) -> Imported:
+    """Store converted rollouts as a new round of their run; SourceErrors (nothing stored, no
+    round made) for any already in the store."""
+    check_new(store, done)
+    target = open_round(store, done.source, done.run, done.policy, round_index)
+    added = add_converted(store, done, target)
+    return Imported(done.run, target.round, added, done.policy.label)
 
 
 def store_records(store: Store, source: str, records: Iterable[Record], *, run: str, policy: OutcomePolicy,
