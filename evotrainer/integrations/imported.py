@@ -100,6 +100,15 @@ def _digest(*parts: object, n: int = 16) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
+def as_text(value: Any) -> str:
+    """A TRL prompt or completion as text: a string, or a conversation's messages joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in value)
+    return str(value)
+
+
 def reported_outcome(value: Any, name: str) -> Outcome:
     """The engine's correctness field as an outcome: true/false or 1/0, marked source-reported."""
     if isinstance(value, bool):

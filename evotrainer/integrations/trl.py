@@ -34,18 +34,17 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from evotrainer.integrations.imported import OutcomePolicy, Record, Target, add_converted, convert_records, open_round
+from evotrainer.integrations.imported import (
+    OutcomePolicy,
+    Record,
+    Target,
+    add_converted,
+    as_text,
+    convert_records,
+    open_round,
+)
 
 SOURCE = "trl"
-
-
-def as_text(value: Any) -> str:
-    """A TRL prompt or completion as text: a string, or a conversation's messages joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "\n".join(str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in value)
-    return str(value)
 
 
 class _Batch:
