@@ -29,7 +29,8 @@ ROLLOUTS = [(0, "What is 2 + 3?", "5", "Answer: 5", 1.0, 1.0), (0, "What is 2 + 
 def state(example: int, question: str, answer: str, completion: str, reward: float, correct: float):
     s = vf_types.State()
     s.update({"example_id": example, "prompt": [{"role": "user", "content": question}],
-              "completion": [{"role": "assistant", "content": completion}], "answer": answer, "info": {},
+              "completion": [{"role": "assistant", "content": completion}], "answer": answer,
+              "info": {"level": 1, "answer": answer},
               "reward": reward, "metrics": {"correct": correct}, "timing": {"generation_ms": 1.0},
               "is_completed": True, "is_truncated": False})
     return s
@@ -138,4 +139,7 @@ def test_mcp_serves_a_workspace_of_imported_rollouts(tmp_path):
     shown = over_mcp(work, drive)
     assert shown["ok"] and shown["result"]["completion"] == "Answer: 42"
     assert shown["result"]["meta"]["outcome_by"] == "domain:math"
-    assert "answer" not in shown["result"]["meta"]  # the ground truth stays hidden, as for our own tasks
+    meta = shown["result"]["meta"]
+    assert "answer" not in meta  # the ground truth stays hidden, as for our own tasks,
+    assert meta["verifiers"]["info"] == {"level": 1}  # also where the environment put it (info.answer)
+    assert "42" not in json.dumps(meta)

@@ -265,3 +265,25 @@ def test_the_exported_harness_runs_only_in_a_sandbox_worker(tmp_path):
     with pytest.raises(HarnessError):
         fn("math", "Answer: 5", "5", {})
     assert not marker.exists()
+
+
+def test_a_branch_name_cannot_inject_code_into_the_exported_module(tmp_path):
+    """Git allows quotes in branch names: a candidate named to close the module's docstring and
+    run code in verl's process when verl loads the export. The name is written quote-free."""
+    import ast
+    import subprocess
+
+    verl_dump(tmp_path / "d")
+    work = tmp_path / "work"
+    cli("rollouts", "import", "--from", "verl", "--domain", "math", str(tmp_path / "d"), "-w", str(work))
+    marker = tmp_path / "injected.txt"
+    name = f'candidate/0-x"""+__import__("pathlib").Path("{marker}").touch()+"""'  # no space: a valid ref
+    subprocess.run(["git", "-C", str(work / "harnesses"), "branch", name, "main"], check=True, capture_output=True)
+    out = tmp_path / "reward.py"
+    assert cli("export", "verl", "--workdir", str(work), "--rev", name, "-o", str(out)).exit_code == 0
+    tree = ast.parse(out.read_text())
+    assert [type(n).__name__ for n in tree.body[:1]] == ["Expr"]  # the docstring, still one string
+    assert not any(isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) for n in tree.body)
+    config = omegaconf.OmegaConf.create({"reward": {"custom_reward_function": {"path": str(out), "name": "compute_score"}}})
+    verl_reward.get_custom_reward_fn(config)  # verl imports the module
+    assert not marker.exists()

@@ -34,6 +34,11 @@ from evotrainer.store.line_checks import check_columns
 SOURCES = ("verl", "verifiers", "trl")
 OUTCOME_BY_KEY = "outcome_by"  # rollout meta: "domain:<name>" or "source:<field>"
 SOURCE_KEY = "source"  # rollout meta: the engine it came from
+# Keys that hold a task's answer or tests, wherever they sit in an engine's record (verifiers'
+# `info` often carries one): dropped from the kept fields, so the agent's tools, which hide only
+# meta's own top-level `answer` (tools/surface.py SECRET_META), never show the ground truth.
+SECRET_KEYS = frozenset({"answer", "answers", "gts", "ground_truth", "tests", "hidden_tests", "gold_patch",
+                         "solution", "reference"})
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,24 @@ def as_text(value: Any) -> str:
     return str(value)
 
 
+def scrub(value: Any) -> Any:
+    """`value` without any SECRET_KEYS entry, at any depth (iteratively: records nest deep)."""
+    out: Any = {} if isinstance(value, dict) else [] if isinstance(value, list) else value
+    stack = [(value, out)]
+    while stack:
+        src, dst = stack.pop()
+        items = ((k, v) for k, v in src.items() if k not in SECRET_KEYS) if isinstance(src, dict) else enumerate(src)
+        for key, item in items:
+            copy: Any = {} if isinstance(item, dict) else [] if isinstance(item, list) else item
+            if isinstance(dst, dict):
+                dst[key] = copy
+            else:
+                dst.append(copy)
+            if isinstance(item, (dict, list)):
+                stack.append((item, copy))
+    return out
+
+
 def reported_outcome(value: Any, name: str) -> Outcome:
     """The engine's correctness field as an outcome: true/false or 1/0, marked source-reported."""
     if isinstance(value, bool):
@@ -149,7 +172,7 @@ class Converter:
         group_id = f"{self.source}-{_digest(self.run, rec.step, key, n=12)}"
         rid = f"{self.source}-{_digest(self.run, Path(rec.where).name, rec.line, rec.step, rec.prompt, rec.completion, n=24)}"
         meta: dict[str, Any] = {SOURCE_KEY: self.source, OUTCOME_BY_KEY: self.policy.label,
-                                self.source: dict(rec.fields)}
+                                self.source: scrub(dict(rec.fields))}
         if rec.answer is not None:
             meta["answer"] = rec.answer  # hidden from the agent's tools like our own tasks' answers
         rollout = Rollout(id=rid, task_id=task_id, group_id=group_id, domain=self.policy.domain,
@@ -268,23 +291,3 @@ def store_records(store: Store, source: str, records: Iterable[Record], *, run: 
     and store nothing."""
     return store_converted(store, convert_records(source, records, run=run, policy=policy, errors=errors),
                            round_index)
-
-
-def outcome_provenance(flags_counts: Mapping[bool, int]) -> str | None:
-    """A sentence for a report over rollouts of which `flags_counts[True]` have source-reported
-    outcomes and `flags_counts[False]` verified ones; None when all are verified."""
-    reported, verified = flags_counts.get(True, 0), flags_counts.get(False, 0)
-    if not reported:
-        return None
-    if not verified:
-        return (f"outcomes of all {reported} rollout(s) are source-reported (the engine's own correctness "
-                "field, imported with --outcome-field), not verified by evotrainer")
-    return (f"outcomes of {reported} of {reported + verified} rollout(s) are source-reported (the engine's "
-            "own correctness field), not verified by evotrainer")
-
-
-def count_reported(rollouts: Iterable[Rollout]) -> dict[bool, int]:
-    counts = {True: 0, False: 0}
-    for r in rollouts:
-        counts[SOURCE_REPORTED in r.outcome.flags] += 1
-    return counts
