@@ -180,6 +180,10 @@ def test_an_unknown_engine_or_no_domain_is_one_clear_error(tmp_path):
     assert res.exit_code == 2 and "needs --domain" in res.stderr
     res = cli("rollouts", "import", "--from", "verl", "--domain", "math", str(tmp_path / "nowhere"), "-w", str(work))
     assert res.exit_code == 2 and "no such file or folder" in res.stderr
+    res = cli("rollouts", "import", "--from", "verl", "--domain", "math", "--skip-bad", str(dump), "-w", str(work))
+    assert res.exit_code == 2 and "whole or not at all" in res.stderr
+    res = cli("rollouts", "import", "--domain", "math", str(dump), "-w", str(work))  # our JSONL: no --domain
+    assert res.exit_code == 2 and "--domain goes with --from" in res.stderr
     assert stored(work) == []
 
 

@@ -251,6 +251,8 @@ def import_(
     engine's score as its reward; its outcome is the domain's recheck, or with --outcome-field the
     engine's own verdict, marked source-reported everywhere it is counted."""
     if source is not None:
+        if skip_bad:
+            raise UserError("--skip-bad goes with our own JSONL; an engine's files are imported whole or not at all")
         return _import_from(source, [Path(f) for f in files], workdir, domain, outcome_field, run, round_)
     for flag, value in (("--domain", domain), ("--outcome-field", outcome_field), ("--run", run), ("--round", round_)):
         if value is not None:
