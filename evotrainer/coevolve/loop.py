@@ -307,8 +307,9 @@ class Coevolution:
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = gain(report, self.config.gate)
             change = dynamics_change(main, self.repo.sources(c.branch))
-            if c.decision == "reject" and needs_pilot(report, change):
-                # replay cannot move its target: the pilot below decides (and is resumable)
+            if c.decision in ("reject", "promote") and needs_pilot(report, change):
+                # replay cannot judge it (nor move its target): the pilot below decides (and is
+                # resumable); a gate-passing edit beside it does not promote it on replay alone
                 c.decision, c.pilot = "pilot", {"change": change}
             state.save(self.state_path)
             colour = "green" if c.decision == "promote" else "yellow" if c.decision == "pilot" else "red"

@@ -291,7 +291,7 @@ class CaseRun:
         item.reason = next((r for r in report["reasons"] if "target" in r or "safety" in r),
                            report["reasons"][0] if report["reasons"] else "")
         change = dynamics_change(self.repo.sources("main"), self.repo.sources(item.branch))
-        if self.live and item.decision == "reject" and needs_pilot(report, change):
+        if self.live and item.decision in ("reject", "promote") and needs_pilot(report, change):
             result = self._pilot(item, change)
             item.decision, item.gain, item.pilot = result.decision, result.gain, result.to_json()
             item.reason = " ".join(result.reasons)
