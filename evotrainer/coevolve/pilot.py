@@ -78,6 +78,13 @@ def needs_pilot(report: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
     return bool(change) and bool(report.get("checks")) and all(n.startswith("target") for n in failed)
 
 
+def decision_after_backtest(report: Mapping[str, Any], change: Mapping[str, Any]) -> str:
+    """The backtest's decision, or "pilot" for a dynamics or PROMPT change whose backtest failed
+    nothing but its target: such a change is judged by training, never promoted on replay alone."""
+    decision = str(report.get("decision"))
+    return "pilot" if decision in ("reject", "promote") and needs_pilot(report, change) else decision
+
+
 NO_PROBE = "its Targets ({targets!r}) name no probe of main's diagnostics, so a pilot cannot tell whether it fixed anything"
 
 
@@ -177,5 +184,5 @@ def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_e
                        target, b, c, verdict.describe(), improvement / margin if margin else None, change)
 
 
-__all__ = ["PilotResult", "arm_evidence", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot",
+__all__ = ["PilotResult", "arm_evidence", "decision_after_backtest", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot",
            "target_probe"]
