@@ -160,6 +160,13 @@ try:
     if cfg["uid"] is not None:
         os.setgroups([]); os.setgid(cfg["uid"]); os.setuid(cfg["uid"])
     st["uid"] = os.getuid()
+    if st.get("userns"):
+        # uid 0 of its own user namespace: exec would hand the command every capability there
+        # (chroot twice to leave its root, umount what covers a hidden path). SECBIT_NOROOT and
+        # no ambient raise, both locked: the command execs with none.
+        if libc.prctl(28, 0x1 | 0x2 | 0x40 | 0x80, 0, 0, 0) != 0:  # PR_SET_SECUREBITS
+            raise OSError(ctypes.get_errno(), "securebits")
+        st["no_caps"] = True
     st["no_new_privs"] = libc.prctl(38, 1, 0, 0, 0) == 0
     os.chdir(cfg["cwd"])
     report()
