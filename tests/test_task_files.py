@@ -352,7 +352,7 @@ READS_THE_HOST = {
     "/etc/passwd": "try:\n    ok = 'root:' in open('/etc/passwd').read()\nexcept OSError:\n    ok = False\n",
     "the repository": (f"try:\n    ok = 'evotrainer' in open({str(HARNESSES_DIR.parents[1] / 'pyproject.toml')!r}).read()\n"
                        "except OSError:\n    ok = False\n"),
-    "the task file": "import glob\nok = any('City 2' in open(p).read() for p in glob.glob('/**/tasks.jsonl', recursive=True))\n",
+    "the host's /etc": "import os\nok = len(os.listdir('/etc')) > 2\n",  # the root has ld.so.cache and localtime
 }
 
 
