@@ -32,11 +32,13 @@ writable; RLIMIT_NPROC under the fresh uid, which is unique to this execution, s
 exactly the sandbox's; and the parent's budget check, which kills the run once it holds `nproc`
 processes. What is real depends on the machine; `isolation_support()` says.
 
-Not a container: the command still reads every host file an unprivileged user may read (except
-`hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
+Without `root=` it is not a container: the command still reads every host file an unprivileged
+user may read (except `hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
 network, /tmp, the process list) with the host. No seccomp filter here: seccomp.py holds one for
 Python workers that need no processes (the harness workers, evotrainer/harness/sandbox_launch.py,
-which also run in the launcher's minimal-root mode instead of `hide`).
+which also run in the launcher's minimal-root mode instead of `hide`). With `root=` a Python
+command gets that mode too: a fresh root with the interpreter and what it needs, and nothing else
+of the host (python_root.py; code checks and user checks use it).
 
 Layout: this module is the runner (the copy, supervision, the result); launcher.py starts the
 command inside its isolation; processes.py counts, contains and kills its processes.
