@@ -32,7 +32,7 @@ from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxP
 
 PROMPT_INPUTS = ("question", "scaffold")
 # Rendering a round's prompts takes milliseconds; a template still running after this is runaway.
-LIMITS = SandboxLimits(memory_limit_mb=1024, message_timeout_s=60.0)
+LIMITS = SandboxLimits(memory_limit_mb=1024, message_timeout_s=30.0)
 _ERROR_CHARS = 500
 
 
