@@ -47,8 +47,17 @@ def test_every_shipped_case_loads(name):
 
 
 def test_at_least_the_documented_cases_ship():
-    assert len(SHIPPED) >= 15
+    assert len(SHIPPED) >= 18
     assert {load_case(FAULT_CASES_DIR / n).spec.domain for n in SHIPPED} >= {"math", "code", "swe"}
+
+
+def test_the_faults_from_the_wild_cite_where_they_were_reported():
+    # Cases built from a reward bug someone reported in a public tracker say where (issue 35).
+    cited = {n: load_case(FAULT_CASES_DIR / n, rollouts=False).spec.source for n in SHIPPED}
+    wild = {"math-batch-reward-broadcast": "trl/issues/6533", "math-unparsed-pays": "open-r1/issues/159",
+            "math-wrong-group-reference": "Search-R1/issues/88"}
+    for name, issue in wild.items():
+        assert any(a.endswith(issue) for a in cited[name]), (name, cited[name])
 
 
 @pytest.mark.parametrize("change, message", [
@@ -59,6 +68,8 @@ def test_at_least_the_documented_cases_ship():
     ({"heldout_share": 1.5}, "heldout_share"),
     ({"harness": {"seed": "no-such-seed"}}, "is not a seed harness"),
     ({"surprise": 1}, "unknown key 'surprise'"),
+    ({"source": ["trl issue 6533"]}, "must be an https:// address"),
+    ({"source": "https://example.org/issues/1"}, "source"),  # a list of addresses, not one string
     ({"tempting": [{"name": "missing-folder", "targets": "dead_group_ratio", "why": "x"}]}, "missing folder"),
 ])
 def test_a_malformed_case_names_the_file_and_field(tmp_path, change, message):
