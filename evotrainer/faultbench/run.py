@@ -249,6 +249,7 @@ class CaseRun:
         return report
 
     def _propose_and_gate(self, report: Any, store: Store, last: int) -> list[Tried]:
+        from evotrainer.diagnose.targets import retarget_all
         from evotrainer.propose import Evidence
         from evotrainer.skills import SkillLibrary
 
@@ -256,7 +257,8 @@ class CaseRun:
         evidence = Evidence(round_index=last, domain=self.case.spec.domain, report=report, samples=samples,
                             workdir=self.ws.root, run=TRAIN_RUN)
         skills = list(SkillLibrary.load(self.ws.root))
-        proposals = breadth_first(self.agent.propose(evidence, self.repo.sources("main"), skills))
+        proposals = breadth_first(retarget_all(self.agent.propose(evidence, self.repo.sources("main"), skills),
+                                               report))
         worked = getattr(self.agent, "last_round", None)
         self.agent_loop = worked.to_json() if worked is not None else None
         if worked is not None:

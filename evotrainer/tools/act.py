@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.api import Rollout
+from evotrainer.diagnose.targets import retarget
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessError
 from evotrainer.harness.repo import CANDIDATE_PREFIX, MAIN, HarnessRepoError
@@ -201,8 +202,9 @@ def _propose(tb: Toolbox, base: str, slug: str, edits: dict[str, str], diagnosis
 
         raise ToolError(FAILED, f"the edited harness does not load: {redact(exc)}") from None
     try:
-        cand = tb.repo.propose(tb.round, slug, edits, diagnosis=diagnosis, targets=targets, expected=expected,
-                               base=base)
+        # a probe named in targets brings the metrics that judge its alert (diagnose/targets.py)
+        cand = tb.repo.propose(tb.round, slug, edits, diagnosis=diagnosis, targets=retarget(targets),
+                               expected=expected, base=base)
     except HarnessRepoError as exc:
         raise ToolError(BAD_ARGUMENTS, str(exc)) from None
     return {"branch": cand.branch, "sha": cand.sha, "base": cand.base, "files": list(cand.files)}
