@@ -267,3 +267,15 @@ def test_dropped_live_rate_is_a_backtest_metric_a_repair_is_judged_by(tmp_path: 
     assert base["false_drop_rate"] == 0.0 == new["false_drop_rate"]
     assert result["decision"] == "promote" and result["target"] == "dropped_live_rate"
     assert LOWER_IS_BETTER["dropped_live_rate"] and "dropped_live_rate" not in SAFETY_METRICS
+
+
+def test_every_replayable_shipped_case_is_judged_on_a_metric_its_repair_criteria_name() -> None:
+    """A case's detect probes, through the table, gate every proposal made for it: a replayable case
+    whose repair criteria none of them names could not be repaired by following the evidence."""
+    from evotrainer.faultbench import load_cases
+    from evotrainer.paths import FAULT_CASES_DIR
+
+    for case in load_cases(FAULT_CASES_DIR):
+        judged = {m for p in case.spec.detect for m in JUDGED_BY.get(p, ())}
+        wanted = {c.metric for c in case.spec.repair}
+        assert case.spec.live or judged & wanted, f"{case.name}: detect {case.spec.detect} judged by {judged}"
