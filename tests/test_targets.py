@@ -101,6 +101,9 @@ def test_an_agents_free_target_becomes_the_alerts_metrics() -> None:
     assert retarget(targets_text(["false_drop_rate"]), report) == targets_text(["false_drop_rate"])
     assert retarget("hacking_reward_mass", report) == "hacking_reward_mass"
     assert retarget("fewer empty answers", report) == "fewer empty answers"
+    # a word that is both a metric and a probe is the metric: widened only by an alert
+    assert retarget("dead_group_ratio") == "dead_group_ratio"
+    assert retarget("dead_group_ratio", report) == targets_text(["dead_group_ratio"])
 
 
 def test_gate_judges_the_best_of_several_declared_targets() -> None:
@@ -115,6 +118,12 @@ def test_gate_judges_the_best_of_several_declared_targets() -> None:
     assert "the best of the declared ordering_violations, proxy_auc" in " ".join(both.reasons)
     assert decide(base, base, GateConfig(), declared_target=("ordering_violations", "proxy_auc")).decision == "reject"
     assert decide(base, fixed, GateConfig(), declared_target=("proxy_auc", "nonsense")).decision == "reject"
+    # dropped_live_rate met by leaving no live group (effective_data_ratio flat) is no repair
+    dropping = {**fixed, "dropped_live_rate": 0.6}  # proxy_auc 1: no other safety fault to repair first
+    killed = decide(dropping, fixed, GateConfig(), declared_target="dropped_live_rate")
+    assert killed.decision == "reject" and "improved by losing what it measures" in " ".join(killed.reasons)
+    kept = decide(dropping, {**fixed, "effective_data_ratio": 0.6}, GateConfig(), declared_target="dropped_live_rate")
+    assert kept.decision == "promote" and kept.target == "dropped_live_rate"
 
 
 def _ties_workspace(tmp_path: Path):

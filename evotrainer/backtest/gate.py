@@ -26,6 +26,10 @@ _SLACK = 1e-12
 RELATIVE_METRICS = frozenset({"mean_tokens"})
 # Safety faults that hold back every change but their repair (the false_drop_rate alert's warning).
 REPAIR_FIRST = {"false_drop_rate": 0.05, "ordering_violations": 0.05, "proxy_auc": 0.95}
+# A target a change can meet by destroying what it measures, and the metric that must then grow:
+# dropped_live_rate is 0 when no group is live (zero the weight that made them spread), while a
+# repair keeps groups it dropped, so more rollouts carry an advantage.
+KEEPS = {"dropped_live_rate": "effective_data_ratio"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ def decide(base: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, 
         checks.append(_safety_check(name, base, candidate, gate))
     if target is not None and target not in SAFETY_METRICS:
         checks.append(_repair_first_check(candidate))
+    if target in KEEPS:
+        checks.append(_keeps_check(KEEPS[target], target, base, candidate, gate))
     passed = all(c.passed for c in checks)
     reasons = [c.detail for c in checks if c.passed == passed]  # why it passed, or what failed
     return GateDecision("promote" if passed else "reject", target, reasons, checks)
@@ -151,6 +157,17 @@ def _repair_first_check(cand: Mapping[str, Any]) -> Check:
     return Check("repair_first", ok, "no safety fault left past its limit" if ok else
                  f"the candidate leaves a safety fault unrepaired: {', '.join(past)}; only a change that "
                  "targets it may pass first")
+
+
+def _keeps_check(name: str, target: str, base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig) -> Check:
+    """The target improved; the signal it counts a share of must have grown with it, or the target
+    was met by making less of it (no live group, none dropped)."""
+    if base.get(name) is None or cand.get(name) is None:
+        return Check(f"keeps:{name}", False, f"{target} cannot be judged without {name}")
+    ok = improvement(name, base[name], cand[name]) > _SLACK
+    return Check(f"keeps:{name}", ok, f"{name} grew with {target}: {_change(name, base, cand)}" if ok else
+                 f"{target} improved by losing what it measures: {name} did not grow "
+                 f"({_change(name, base, cand)})")
 
 
 def margins_gained(name: str, base: float, cand: float, gate: GateConfig) -> float:

@@ -63,13 +63,17 @@ def _alerts(report: Any) -> list[Any]:
 
 
 def retarget(text: str, report: Any = None) -> str:
-    """An agent's free Targets text as the evidence's: the probes it names (before a ':' when it
-    has one) give their metrics; else the metrics it names pick the alerting probes of `report`
-    judged by any of them, most severe first. Unchanged when neither applies (no probe named, no
-    alert that its metrics judge): the gate then checks what the agent named."""
+    """An agent's free Targets text as the evidence's: the probes it names give their metrics (a
+    word that is also a metric, like dead_group_ratio, counts as the metric); else the metrics it
+    names pick the alerting probes of `report` judged by any of them, most severe first.
+    Unchanged when it is evidence text already (`<probes>: <metrics>`) or when neither applies
+    (no probe named, no alert its metrics judge): the gate then checks what the agent named."""
     text = text or ""
-    head = text.split(":", 1)[0] if ":" in text else text
-    named = [w for w in re.findall(r"[A-Za-z_]+", head) if w in JUDGED_BY]
+    if ":" in text:
+        head = re.findall(r"[A-Za-z_]+", text.split(":", 1)[0])
+        if head and all(w in JUDGED_BY for w in head):
+            return text
+    named = [w for w in re.findall(r"[A-Za-z_]+", text) if w in JUDGED_BY and w not in LOWER_IS_BETTER]
     if named:
         return targets_text(named, text)
     metrics = set(targets_from_trailer(text))
