@@ -165,17 +165,17 @@ def test_the_llm_agent_runs_a_case_through_a_real_endpoint(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_the_readme_shows_what_the_rules_agent_scores_on_every_shipped_case():
-    """`evotrainer bench harness --markdown` over every shipped case, compared with the table the
-    README prints: the figures there are what the code gives today (rollouts and loop are fixed)."""
+def test_the_results_page_shows_what_the_rules_agent_scores_on_every_shipped_case():
+    """`evotrainer bench harness --markdown` over every shipped case, compared with the table
+    docs/results.md prints: the figures there are what the code gives today (rollouts and loop are fixed)."""
     proc = subprocess.run([sys.executable, "-m", "evotrainer", "bench", "harness", "--markdown"],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    results = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
     start, end = "<!-- faultbench:rules -->\n", "<!-- /faultbench -->"
-    assert start in readme and end in readme
-    shown = readme.split(start, 1)[1].split(end, 1)[0]
-    assert shown == proc.stdout, f"README is out of date; the benchmark now gives:\n{proc.stdout}"
+    assert start in results and end in results
+    shown = results.split(start, 1)[1].split(end, 1)[0]
+    assert shown == proc.stdout, f"docs/results.md is out of date; the benchmark now gives:\n{proc.stdout}"
 
 
 @pytest.mark.slow
