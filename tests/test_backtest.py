@@ -333,7 +333,7 @@ def test_metrics_match_hand_computation(tmp_path: Path):
     b, c = out.metrics["base"], out.metrics["candidate"]
     assert b == {"dead_group_ratio": 0.5, "effective_data_ratio": 0.5, "ordering_violations": 0.0,
                  "counterfactual_violations": 0.0, "proxy_auc": 1.0, "false_drop_rate": 0.0, "hacking_reward_mass": 0.0,
-                 "mean_tokens": 10.0, "n_rollouts": 8, "n_groups": 2, "errors": 0,
+                 "dropped_live_rate": 0.0, "mean_tokens": 10.0, "n_rollouts": 8, "n_groups": 2, "errors": 0,
                  "sampled_dead_group_ratio": None}  # no run and round: no task history to weigh by
     assert c["dead_group_ratio"] == 0.5  # group b: every reward 0.5
     assert c["effective_data_ratio"] == 2 / 8  # only a1 and a2 are kept and carry an advantage
@@ -345,6 +345,7 @@ def test_metrics_match_hand_computation(tmp_path: Path):
     assert c["false_drop_rate"] == 1.0  # a0 cut by stop(), a3 dropped by keep_rollout()
     assert c["hacking_reward_mass"] == 0.5 / 4.0  # b0 (tampering flag) of the kept positive reward
     assert c["mean_tokens"] == 40 / 6
+    assert c["dropped_live_rate"] == 0.0  # group a (the only live one) keeps a1 and a2, both with an advantage
 
 
 def test_group_advantages_match_trl():

@@ -59,7 +59,11 @@ def test_critical_dead_groups_propose_partial_credit_and_group_filter() -> None:
         assert p.targets and p.expected and "dead_group_ratio = 0.6 (critical" in p.diagnosis
     pcf = [p for p in proposals if p.skill == "partial-credit-format"]
     assert [p.params for p in pcf] == [{"weight": 0.1}, {"weight": 0.05}]
-    assert pcf[1].slug == "partial-credit-format-weight-0p05" and pcf[0].targets == "dead_group_ratio"
+    # Targets come from the evidence (the fired probe's metrics), not from the skill
+    assert pcf[1].slug == "partial-credit-format-weight-0p05"
+    assert pcf[0].targets == "dead_group_ratio: dead_group_ratio, effective_data_ratio, sampled_dead_group_ratio"
+    zvf = next(p for p in proposals if p.skill == "zero-variance-group-filter")
+    assert zvf.targets == pcf[0].targets  # its skill names mean_tokens; the alert was dead groups
     assert "dead_group_ratio should decrease (margin 0.02)" in pcf[0].expected
     # The library, its name -> skill dict and a plain list are all accepted.
     lib = SkillLibrary.load(None)

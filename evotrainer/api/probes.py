@@ -8,8 +8,11 @@ harness could not import itself (the standard-library modules below and evotrain
 sandbox worker checks the imports its functions make as it checks a harness's own
 (sandbox_worker._trusted), so calling a probe here grants a harness nothing.
 
-A harness's diagnostics.py keeps the thresholds: `PROBES = [probe(name, dimension, fn, warn,
-critical, direction), ...]`, built from the functions here and any of its own.
+The standard probe table is STANDARD, with default thresholds; a harness's diagnostics.py is
+`PROBES = standard(<the thresholds it changes>)` plus `probe(name, dimension, fn, warn, critical,
+direction)` entries of its own. JUDGED_BY names, for every probe, the backtest metrics that judge
+a repair of what it sees. Adding a standard probe: its function and its two table rows here, its
+line in docs/design.md, and a test.
 
 Five dimensions, after the field's health reports: result, behaviour, efficiency, model_state and
 test_structure. Rates are shares of rollouts. The model-state probes read per-rollout means the
@@ -291,3 +294,87 @@ def patch_apply_rate(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> f
     if not swe:
         return None
     return share(swe, lambda r: r.outcome.kind != "patch_failed")
+
+
+# ---------------------------------------------------------------- the standard table
+
+# Every seed's probes, in report order, with default thresholds. A seed's diagnostics.py is
+# `PROBES = standard(<only what differs>)`, so a probe added here reaches every new workspace whole.
+STANDARD: tuple[dict, ...] = (  # name, dimension, fn, warn, critical, direction
+    probe("success_rate", "result", success_rate, 0.2, 0.05, "below"),
+    probe("dead_group_ratio", "result", dead_group_ratio, 0.3, 0.5, "above"),
+    probe("reward_success_gap", "result", reward_success_gap, 0.3, 0.5, "above"),
+    probe("proxy_auc_gap", "result", proxy_auc_gap, 0.02, 0.1, "above"),  # the seed reward ranks every success first: 0
+    probe("format_error_rate", "behaviour", format_error_rate, 0.2, 0.5, "above"),
+    probe("empty_rate", "behaviour", empty_rate, 0.05, 0.2, "above"),
+    probe("duplicate_rate", "behaviour", duplicate_rate, 0.5, 0.8, "above"),
+    probe("echo_trap_rate", "behaviour", echo_trap_rate, 0.05, 0.2, "above"),
+    probe("abandonment_rate", "behaviour", abandonment_rate, 0.2, 0.4, "above"),
+    probe("error_streak_rate", "behaviour", error_streak_rate, 0.2, 0.4, "above"),
+    # a seed sets its own, about 0.75 and 0.94 of its max_completion_length (these fit 32)
+    probe("mean_tokens", "efficiency", mean_tokens, 24.0, 30.0, "above"),
+    probe("mean_turns", "efficiency", mean_turns, 8.0, 5.0, "below"),
+    probe("truncation_rate", "efficiency", truncation_rate, 0.1, 0.3, "above"),
+    probe("mean_logprob", "model_state", mean_logprob, -0.05, -0.01, "above"),
+    probe("mean_entropy", "model_state", mean_entropy, 0.1, 0.03, "below"),
+    probe("entropy_fall", "model_state", entropy_fall, 0.35, 0.45, "above"),
+    probe("tampering_rate", "test_structure", tampering_rate, 0.0, 0.05, "above"),
+    probe("patch_apply_rate", "test_structure", patch_apply_rate, 0.8, 0.5, "below"),
+    probe("judge_drift", "result", judge_drift, 0.25, 0.4, "above"),
+)
+
+# Probe -> the backtest metrics (docs/design.md, "Backtest metrics") that judge a repair of what it
+# sees, the most direct first. A proposal made for a probe's alert names these in its Targets
+# trailer, whatever agent made it (evotrainer/diagnose/targets.py). Empty: only training shows a
+# repair (the optimisation's dynamics), so the live pilot judges it by the probe itself. The
+# trusted probes the diagnose stage computes and the loop's own are here too; a harness's own
+# probe that is not falls back to the target its proposer names.
+JUDGED_BY: dict[str, tuple[str, ...]] = {
+    "success_rate": ("sampled_dead_group_ratio", "dead_group_ratio", "effective_data_ratio"),
+    "dead_group_ratio": ("dead_group_ratio", "effective_data_ratio", "sampled_dead_group_ratio"),
+    "reward_success_gap": ("proxy_auc", "ordering_violations", "counterfactual_violations", "hacking_reward_mass"),
+    "proxy_auc_gap": ("proxy_auc", "ordering_violations", "counterfactual_violations"),
+    "format_error_rate": ("dead_group_ratio", "effective_data_ratio"),
+    "empty_rate": ("hacking_reward_mass", "dead_group_ratio"),
+    "duplicate_rate": (),
+    "echo_trap_rate": ("mean_tokens",),
+    "abandonment_rate": ("effective_data_ratio",),
+    "error_streak_rate": ("mean_tokens",),
+    "mean_tokens": ("mean_tokens",),
+    "mean_turns": ("dead_group_ratio", "mean_tokens"),
+    "truncation_rate": ("mean_tokens", "effective_data_ratio"),
+    "mean_logprob": (),
+    "mean_entropy": (),
+    "entropy_fall": (),
+    "mean_kl": (),
+    "tampering_rate": ("hacking_reward_mass",),
+    "patch_apply_rate": ("effective_data_ratio",),
+    "judge_drift": ("proxy_auc", "ordering_violations"),
+    # the swe seed's own
+    "timeout_rate": ("mean_tokens",),
+    "empty_patch_rate": ("hacking_reward_mass",),
+    "partial_rate": ("proxy_auc", "ordering_violations", "counterfactual_violations"),
+    # trusted: the diagnose stage (diagnose/health.py), the held-out guard, the loop's own probe
+    "false_drop_rate": ("false_drop_rate", "dropped_live_rate"),
+    "dropped_live_rate": ("dropped_live_rate", "false_drop_rate", "effective_data_ratio"),
+    "mid_band_weight": ("sampled_dead_group_ratio",),
+    "reward_hacking": ("hacking_reward_mass", "proxy_auc", "ordering_violations", "counterfactual_violations"),
+    "failure_reward_mean": ("ordering_violations", "counterfactual_violations", "proxy_auc"),
+}
+
+
+def standard(drop: Sequence[str] = (), **thresholds: tuple[float, float]) -> list[dict]:
+    """The standard probes as a new PROBES list: `name=(warn, critical)` sets a probe's thresholds,
+    `drop` leaves probes out. A seed's diagnostics.py calls it with only what differs, then
+    appends probes of its own."""
+    names = {p["name"] for p in STANDARD}
+    unknown = sorted((set(thresholds) | set(drop)) - names)
+    if unknown:
+        raise ValueError(f"not standard probes: {', '.join(unknown)} (standard: {', '.join(sorted(names))})")
+    out = []
+    for entry in STANDARD:
+        if entry["name"] in drop:
+            continue
+        warn, critical = thresholds.get(entry["name"], (entry["warn"], entry["critical"]))
+        out.append({**entry, "warn": warn, "critical": critical})
+    return out

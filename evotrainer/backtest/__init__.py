@@ -11,7 +11,7 @@ rerun in fresh workers to give the very same values (engine.recheck).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,7 +25,7 @@ from evotrainer.backtest.engine import (
     recheck,
     run_backtest,
 )
-from evotrainer.backtest.gate import Check, GateDecision, decide, target_from_trailer
+from evotrainer.backtest.gate import Check, GateDecision, decide, target_from_trailer, targets_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, METRICS, SAFETY_METRICS, Tally, group_advantages
 from evotrainer.backtest.report import build_report, find_report, load_report, new_id, render_markdown, write_report
 from evotrainer.backtest.selector import ids_sha256, resolve
@@ -44,7 +44,8 @@ def _versions(repo: HarnessRepo, base: str, candidate: str) -> tuple[HarnessVers
 
 
 def _run_and_decide(store: Store, base: HarnessVersion, candidate: HarnessVersion, selector: Selector,
-                    gate: GateConfig, declared: str | None, **kwargs: Any) -> tuple[BacktestRun, GateDecision]:
+                    gate: GateConfig, declared: str | Sequence[str] | None,
+                    **kwargs: Any) -> tuple[BacktestRun, GateDecision]:
     run = run_backtest(store, base, candidate, selector, gate, **kwargs)
     metrics = run.metrics or {}
     decision = decide(metrics.get("base"), metrics.get("candidate"), gate, declared_target=declared,
@@ -77,7 +78,7 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
     gate = gate or GateConfig()
     base_v, cand_v = _versions(repo, base, rev)
     trailer = repo.log(rev=cand_v.sha, limit=1)[0].trailers.get("Targets")
-    declared = target_from_trailer(trailer)
+    declared = targets_from_trailer(trailer)
     own_store = store is None
     store = store or Store.open(ws.root)
     try:
@@ -92,7 +93,8 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
                                         executor=executor)
         report = build_report(new_id(), base_rev=base, base_sha=base_v.sha, candidate_rev=rev,
                               candidate_sha=cand_v.sha, run=run, decision=decision, gate=gate,
-                              declared_target=declared)
+                              declared_target=next(iter(declared), None))
+        report["declared_targets"] = list(declared)
         report["targets_trailer"] = trailer
         report["judges"] = _judge_agreement(store, run)
         report["source_reported"] = _source_reported(store, run)
@@ -154,7 +156,8 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
         old = load_report(ws.backtests, backtest_id, store)
         base_v, cand_v = _versions(HarnessRepo(ws.harnesses), old["base"], old["candidate"])
         run, decision = _run_and_decide(store, base_v, cand_v, Selector.from_json(old["selector"]),
-                                        GateConfig(**old["gate"]), old.get("declared_target"),
+                                        GateConfig(**old["gate"]),
+                                        old.get("declared_targets") or old.get("declared_target"),
                                         workers=workers, on_progress=on_progress, executor=executor)
     finally:
         if own_store:
@@ -164,6 +167,8 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
     for side in ("base", "candidate"):
         before, after = old["metrics"][side] or {}, new_metrics[side] or {}
         for name in sorted(set(before) | set(after)):
+            if before and name not in before:  # a metric added since the report was written
+                continue
             if before.get(name) != after.get(name):
                 mismatches.append(f"{side}.{name}: {before.get(name)!r} -> {after.get(name)!r}")
     same_rollouts = (old["n_rollouts"] == run.selection.count
@@ -193,4 +198,4 @@ def replay(workdir: Path | str, backtest_id: str, *, store: Store | None = None,
 __all__ = ["BacktestRun", "CandidateFailure", "GateDecision", "HarnessVersion", "LOWER_IS_BETTER",
            "METRICS", "SAFETY_METRICS", "Selector", "Tally", "backtest", "build_report", "decide",
            "group_advantages", "load_report", "new_id", "render_markdown", "replay", "run_backtest",
-           "target_from_trailer", "write_report"]
+           "target_from_trailer", "targets_from_trailer", "write_report"]

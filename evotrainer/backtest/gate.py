@@ -1,8 +1,9 @@
 """The promotion gate: trusted config decides, from backtest metrics, whether a candidate may train.
 
 A candidate is promoted only if (1) both harnesses ran every selected rollout without a fault
-and within the time budget, (2) the metric it targets (its `Targets:` trailer, or else the best
-of DEFAULT_TARGETS) improves by at least `margin`, and (3) no safety metric gets worse by more
+and within the time budget, (2) a metric it targets (its `Targets:` trailer, which names the
+metrics that judge the alert it answers, diagnose/targets.py; or else DEFAULT_TARGETS): the best
+of them improves by at least `margin`, and (3) no safety metric gets worse by more
 than `tolerance`. Directions come from metrics.LOWER_IS_BETTER. Ratio metrics are judged on
 absolute change; `mean_tokens`, a count, on its change relative to the base (`token_margin`).
 """
@@ -10,7 +11,7 @@ absolute change; `mean_tokens`, a count, on its change relative to the base (`to
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +26,10 @@ _SLACK = 1e-12
 RELATIVE_METRICS = frozenset({"mean_tokens"})
 # Safety faults that hold back every change but their repair (the false_drop_rate alert's warning).
 REPAIR_FIRST = {"false_drop_rate": 0.05, "ordering_violations": 0.05, "proxy_auc": 0.95}
+# A target a change can meet by destroying what it measures, and the metric that must then grow:
+# dropped_live_rate is 0 when no group is live (zero the weight that made them spread), while a
+# repair keeps groups it dropped, so more rollouts carry an advantage.
+KEEPS = {"dropped_live_rate": "effective_data_ratio"}
 
 
 @dataclass(frozen=True)
@@ -46,14 +51,17 @@ class GateDecision:
                 "checks": [asdict(c) for c in self.checks]}
 
 
-def target_from_trailer(text: str | None) -> str | None:
-    """The first backtest metric named in a `Targets:` trailer (free text around it is fine)."""
+def targets_from_trailer(text: str | None) -> tuple[str, ...]:
+    """Every backtest metric named in a `Targets:` trailer, in order, once each (free text and
+    probe names around them are fine)."""
     if not text:
-        return None
-    for word in re.findall(r"[A-Za-z_]+", text):
-        if word in LOWER_IS_BETTER:
-            return word
-    return None
+        return ()
+    return tuple(dict.fromkeys(w for w in re.findall(r"[A-Za-z_]+", text) if w in LOWER_IS_BETTER))
+
+
+def target_from_trailer(text: str | None) -> str | None:
+    """The first backtest metric named in a `Targets:` trailer."""
+    return next(iter(targets_from_trailer(text)), None)
 
 
 def _fmt(value: Any) -> str:
@@ -65,39 +73,45 @@ def _change(name: str, base: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
 
 
 def decide(base: Mapping[str, Any] | None, candidate: Mapping[str, Any] | None, gate: GateConfig, *,
-           declared_target: str | None = None, failure: CandidateFailure | None = None,
+           declared_target: str | Sequence[str] | None = None, failure: CandidateFailure | None = None,
            candidate_seconds: float = 0.0) -> GateDecision:
-    """Apply the gate. `declared_target` comes from the candidate's Targets: trailer."""
+    """Apply the gate. `declared_target`: the metric(s) the candidate's Targets: trailer names;
+    with several, the best of them is judged."""
+    declared = (declared_target,) if isinstance(declared_target, str) else tuple(declared_target or ())
     if failure is not None or base is None or candidate is None:
         who = failure.harness if failure is not None else "candidate"
         what = failure.reason if failure is not None else "no metrics"
         detail = (f"the base harness failed, so there is nothing to compare against: {what}"
                   if who == "base" else f"the candidate failed: {what}")
         check = Check("ran", False, detail)
-        return GateDecision("reject", declared_target, [detail], [check])
+        return GateDecision("reject", next(iter(declared), None), [detail], [check])
     checks = [Check("ran", True, f"both harnesses scored all {candidate['n_rollouts']} rollouts without a fault")]
     in_time = candidate_seconds <= gate.time_budget_s
     checks.append(Check("time_budget", in_time, f"the candidate took {candidate_seconds:.1f} s of its "
                         f"{gate.time_budget_s:g} s budget"))
     checks.append(_signal_check(candidate))
-    checks.append(_target_check(base, candidate, gate, declared_target))
+    checks.append(_target_check(base, candidate, gate, declared))
     target = checks[-1].name.removeprefix("target:") if checks[-1].name.startswith("target:") else None
     for name in SAFETY_METRICS:
         checks.append(_safety_check(name, base, candidate, gate))
     if target is not None and target not in SAFETY_METRICS:
         checks.append(_repair_first_check(candidate))
+    if target in KEEPS:
+        checks.append(_keeps_check(KEEPS[target], target, base, candidate, gate))
     passed = all(c.passed for c in checks)
     reasons = [c.detail for c in checks if c.passed == passed]  # why it passed, or what failed
     return GateDecision("promote" if passed else "reject", target, reasons, checks)
 
 
 def _target_check(base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig,
-                  declared: str | None) -> Check:
-    if declared is not None and declared not in METRICS:
-        return Check("target", False, f"the Targets trailer names {declared!r}, not a backtest metric "
+                  declared: tuple[str, ...]) -> Check:
+    unknown = [n for n in declared if n not in METRICS]
+    if unknown:
+        return Check("target", False, f"the Targets trailer names {unknown[0]!r}, not a backtest metric "
                      f"({', '.join(METRICS)})")
-    options = [declared] if declared else list(DEFAULT_TARGETS)
-    gains = {n: _gain(n, base[n], cand[n]) for n in options if base[n] is not None and cand[n] is not None}
+    options = list(declared) or list(DEFAULT_TARGETS)
+    # a report from before a metric existed lacks it: undefined, like a None value
+    gains = {n: _gain(n, base[n], cand[n]) for n in options if base.get(n) is not None and cand.get(n) is not None}
     if not gains:
         return Check("target", False, f"target {options[0]} is undefined on these rollouts")
     best = max(gains, key=lambda n: gains[n] - _needed(n, gate))
@@ -108,6 +122,8 @@ def _target_check(base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateCo
     how = f"improved by {gains[best]:.4g}{unit}" if gains[best] > 0 else f"did not improve ({gains[best]:+.4g})"
     if declared:
         detail = f"target {best} ({arrow} is better) {how}: {_change(best, base, cand)}, margin {needed:g}{unit}"
+        if len(declared) > 1:
+            detail += f" (the best of the declared {', '.join(declared)})"
     elif ok:
         detail = (f"no target declared; {best} ({arrow} is better) {how}: {_change(best, base, cand)}, "
                   f"margin {needed:g}")
@@ -143,6 +159,17 @@ def _repair_first_check(cand: Mapping[str, Any]) -> Check:
                  "targets it may pass first")
 
 
+def _keeps_check(name: str, target: str, base: Mapping[str, Any], cand: Mapping[str, Any], gate: GateConfig) -> Check:
+    """The target improved; the signal it counts a share of must have grown with it, or the target
+    was met by making less of it (no live group, none dropped)."""
+    if base.get(name) is None or cand.get(name) is None:
+        return Check(f"keeps:{name}", False, f"{target} cannot be judged without {name}")
+    ok = improvement(name, base[name], cand[name]) > _SLACK
+    return Check(f"keeps:{name}", ok, f"{name} grew with {target}: {_change(name, base, cand)}" if ok else
+                 f"{target} improved by losing what it measures: {name} did not grow "
+                 f"({_change(name, base, cand)})")
+
+
 def margins_gained(name: str, base: float, cand: float, gate: GateConfig) -> float:
     """A target's improvement in units of its own margin: comparable across metrics, so that
     tokens are never ranked against ratios (coevolve's choice between passing candidates)."""
@@ -171,4 +198,4 @@ def _safety_check(name: str, base: Mapping[str, Any], cand: Mapping[str, Any], g
                  f"tolerance {gate.tolerance:g}")
 
 
-__all__ = ["Check", "GateDecision", "decide", "margins_gained", "target_from_trailer"]
+__all__ = ["Check", "GateDecision", "decide", "margins_gained", "target_from_trailer", "targets_from_trailer"]

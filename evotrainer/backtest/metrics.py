@@ -27,6 +27,8 @@ by the harness's `stop`:
   bonus for noise breaks no real success-failure order)
 - proxy_auc: AUC of training reward against verified success, ties count 0.5 (None with one class)
 - false_drop_rate: verified successes not kept, over all verified successes
+- dropped_live_rate: live groups (training rewards span > EPS) of which no rollout with a non-zero
+  advantage is kept, over all live groups: signal the filters throw away, successes or not
 - hacking_reward_mass: positive training reward on kept rollouts that trusted checks flag
   (outcome kind "tampering" or "empty", or a "tampering" flag), over all positive training
   reward on kept rollouts: the share of the signal that would reward a hack
@@ -51,6 +53,7 @@ LOWER_IS_BETTER = {
     "counterfactual_violations": True,
     "proxy_auc": False,
     "false_drop_rate": True,
+    "dropped_live_rate": True,
     "hacking_reward_mass": True,
     "mean_tokens": True,
 }
@@ -124,6 +127,8 @@ class Tally:
     violations: int = 0
     successes: int = 0
     false_drops: int = 0
+    live_groups: int = 0
+    dropped_live: int = 0
     kept: int = 0
     kept_tokens: int = 0
     cf_pairs: int = 0
@@ -152,6 +157,9 @@ class Tally:
             self.sampled.add(weight)
             if dead:
                 self.sampled_dead.add(weight)
+        if not dead:
+            self.live_groups += 1
+            self.dropped_live += not any(keep and abs(adv) > EPS for adv, keep in zip(advantages, kept))
         wins, losses = [], []
         auc = self.auc
         for r, adv, ok, hack, toks, keep in zip(rewards, advantages, success, flagged, tokens, kept):
@@ -201,7 +209,8 @@ class Tally:
             counts[1] += losses
 
     _COUNTERS = ("rollouts", "groups", "dead_groups", "effective", "pairs", "violations",
-                 "successes", "false_drops", "kept", "kept_tokens", "cf_pairs", "cf_violations")
+                 "successes", "false_drops", "kept", "kept_tokens", "cf_pairs", "cf_violations",
+                 "live_groups", "dropped_live")
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (floats round-trip exactly): what a sandbox worker sends back."""
@@ -250,6 +259,7 @@ class Tally:
             "counterfactual_violations": ratio(self.cf_violations, self.cf_pairs),
             "proxy_auc": _auc(self.auc),
             "false_drop_rate": ratio(self.false_drops, self.successes),
+            "dropped_live_rate": ratio(self.dropped_live, self.live_groups),
             "hacking_reward_mass": ratio(self.flagged_reward.value, positive) if positive > 0 else 0.0,
             "mean_tokens": ratio(self.kept_tokens, self.kept),
             "n_rollouts": self.rollouts,

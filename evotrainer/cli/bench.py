@@ -19,7 +19,7 @@ def harness_cmd(
     cases: Annotated[list[str] | None, typer.Argument(help="Case names to run (default: every case).")] = None,
     cases_dir: Annotated[Path | None, typer.Option(
         "--cases-dir", help="A folder of case folders, or one case folder (default: the shipped faults/).")] = None,
-    agent: Annotated[str, typer.Option("--agent", help="rules (the skills) or llm (any OpenAI-compatible endpoint).")] = "rules",
+    agent: Annotated[str, typer.Option("--agent", help="rules (the skills), structural (the skills, then ablations for alerts no skill answers) or llm (any OpenAI-compatible endpoint).")] = "rules",
     base_url: Annotated[str | None, typer.Option("--base-url", help="llm: the endpoint (else EVOTRAINER_LLM_BASE_URL).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="llm: the model name (else EVOTRAINER_LLM_MODEL).")] = None,
     api_key_env: Annotated[str | None, typer.Option(
@@ -56,15 +56,15 @@ def harness_cmd(
     from evotrainer.paths import FAULT_CASES_DIR
     from evotrainer.propose import get_agent
 
-    if agent not in ("rules", "llm"):
-        raise UserError(f"--agent must be rules or llm, got {agent!r}")
-    if agent == "rules" and (base_url or model or api_key_env):
+    if agent not in ("rules", "structural", "llm"):
+        raise UserError(f"--agent must be rules, structural or llm, got {agent!r}")
+    if agent in ("rules", "structural") and (base_url or model or api_key_env):
         raise UserError("--base-url, --model and --api-key-env are for --agent llm")
     if llm_mode not in ("tools", "oneshot"):
         raise UserError(f"--llm-mode must be tools or oneshot, got {llm_mode!r}")
     loaded = load_cases(cases_dir or FAULT_CASES_DIR, only=list(cases) if cases else None)
-    if agent == "rules":
-        outer = get_agent("rules")
+    if agent in ("rules", "structural"):  # structural: the skills, then ablations for alerts no skill answers
+        outer = get_agent(agent)
     elif llm_mode == "tools":
         outer = get_agent("llm-tools", base_url=base_url, model=model, api_key_env=api_key_env,
                           max_calls=max_tool_calls, max_submissions=min(2, max_proposals))

@@ -7,23 +7,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-from evotrainer.backtest.gate import margins_gained, target_from_trailer
+from evotrainer.backtest.gate import margins_gained, targets_from_trailer
 from evotrainer.backtest.metrics import SAFETY_METRICS
 from evotrainer.config import GateConfig
+from evotrainer.diagnose.targets import is_safety
 
 T = TypeVar("T")
 
 
 def breadth_first(proposals: Sequence[T]) -> list[T]:
-    """Every skill's first grid point before any skill's second: a cap on proposals should
-    cut depth (more parameter values of one idea), not breadth (other ideas)."""
+    """Answers to safety evidence first (diagnose/targets.py is_safety: their targets name a
+    safety metric), whatever the agent's order, so a cap never cuts them for a louder efficiency
+    alert; then every skill's first grid point before any skill's second: a cap on proposals
+    should cut depth (more parameter values of one idea), not breadth (other ideas)."""
     rank: dict = {}
     keyed = []
     for i, p in enumerate(proposals):
         key = getattr(p, "skill", None) or getattr(p, "slug", i)
         rank[key] = rank.get(key, -1) + 1
-        keyed.append((rank[key], i, p))
-    return [p for _, _, p in sorted(keyed, key=lambda t: (t[0], t[1]))]
+        keyed.append((not is_safety(getattr(p, "targets", None)), rank[key], i, p))
+    return [t[-1] for t in sorted(keyed, key=lambda t: t[:3])]
 
 
 def gain(report: dict[str, Any], gate: GateConfig) -> float | None:
@@ -41,7 +44,7 @@ def repairs_safety(candidate: Any) -> bool:
     """Whether the candidate targets a safety metric: where the training reward or the filters
     disagree with verified outcomes (ordering violations, false drops, proxy AUC, reward on
     flagged rollouts)."""
-    return target_from_trailer(getattr(candidate, "targets", None)) in SAFETY_METRICS
+    return any(t in SAFETY_METRICS for t in targets_from_trailer(getattr(candidate, "targets", None)))
 
 
 def passing_best_first(candidates: Iterable[T]) -> list[T]:

@@ -209,6 +209,7 @@ class Coevolution:
                                f"{p.dimension}/{p.name} = {p.value:.3f}")
 
     def stage_propose(self, state: RunState) -> None:
+        from evotrainer.diagnose.targets import retarget_all
         from evotrainer.propose import Evidence
         from evotrainer.skills import SkillLibrary
 
@@ -224,7 +225,7 @@ class Coevolution:
                             samples=samples, history=state.history, workdir=self.ws.root, run=self.config.run_name)
         agent = self._agent()
         skills = list(SkillLibrary.load(self.ws.root))
-        proposals = agent.propose(evidence, self.repo.sources("main"), skills)
+        proposals = retarget_all(agent.propose(evidence, self.repo.sources("main"), skills), report)
         proposals = breadth_first(proposals)[: self.config.coevolve.max_proposals]
         existing = set(self.repo.candidates())
         for p in proposals:
@@ -483,12 +484,12 @@ class Coevolution:
         """Under a critical reward-hacking alert only a change that targets a safety metric (a fix
         for the hack) may be promoted; the rest are held back with the reason."""
         from evotrainer.backtest import SAFETY_METRICS
-        from evotrainer.backtest.gate import target_from_trailer
+        from evotrainer.backtest.gate import targets_from_trailer
 
         if not state.guard or state.guard.get("level") != "critical":
             return
         for c in state.candidates:
-            if c.decision == "promote" and target_from_trailer(c.targets) not in SAFETY_METRICS:
+            if c.decision == "promote" and not set(targets_from_trailer(c.targets)) & set(SAFETY_METRICS):
                 c.decision = "reject"
                 c.reasons.append(f"held back by the held-out guard: {state.guard['describe']}")
                 self.console.print(f"{c.branch}: held back (reward-hacking alert is critical)")

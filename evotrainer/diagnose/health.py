@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.api import SOURCE_REPORTED, Rollout, TaskStats
+from evotrainer.backtest.metrics import EPS, group_advantages
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, Probe
 from evotrainer.harness.redact import redact
@@ -28,6 +29,8 @@ SEVERITY = {"critical": 2, "warn": 1, "ok": 0, "n/a": -1}
 MAX_EXAMPLES = 3
 FALSE_DROP = "false_drop_rate"  # trusted: computed here from the harness's filter decisions
 FALSE_DROP_THRESHOLDS = (0.05, 0.2)  # warn, critical
+DROPPED_LIVE = "dropped_live_rate"  # trusted: the same filter decisions, over groups with a reward spread
+DROPPED_LIVE_THRESHOLDS = (0.05, 0.2)  # warn, critical
 MID_BAND = "mid_band_weight"  # trusted: the curriculum's weights over the history the round was drawn from
 MID_BAND_THRESHOLDS = (0.5, 0.25)  # warn, critical; it alerts below
 MID_BAND_ATTEMPTS = 4  # a task is in the mid band after this many attempts with mixed outcomes
@@ -217,7 +220,8 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
         ids = alert_examples(probe, rollouts, rewards) if examples and level in ("warn", "critical") else ()
         results.append(ProbeResult(probe.name, probe.dimension, value, level, probe.warn, probe.critical,
                                    probe.direction, ids, error))
-    results = [r for r in results if r.name != FALSE_DROP] + [_false_drops(harness, rollouts, rewards, examples)]
+    results = [r for r in results if r.name not in (FALSE_DROP, DROPPED_LIVE)]
+    results += _filter_probes(harness, rollouts, rewards, examples)
     if task_stats is not None:
         results = [r for r in results if r.name != MID_BAND] + [_mid_band(harness, task_stats)]
     index = {r.id: (r, w) for r, w in zip(rollouts, rewards)}
@@ -233,29 +237,52 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
     return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown, reported)
 
 
-def _false_drops(harness: IsolatedHarness | Harness, rollouts: Sequence[Rollout], rewards: Sequence[float],
-                 examples: bool) -> ProbeResult:
-    """The trusted `false_drop_rate`: the share of verified successes the harness's own filters
-    (keep_group and keep_rollout, as training calls them) would drop. No probe a harness writes
-    can see this, since probes get the rollouts and rewards, not the filter decisions; a harness
-    probe of the same name is replaced. None when there is no verified success."""
+def _filter_probes(harness: IsolatedHarness | Harness, rollouts: Sequence[Rollout], rewards: Sequence[float],
+                   examples: bool) -> list[ProbeResult]:
+    """The trusted probes over the harness's own filter decisions (keep_group and keep_rollout, as
+    training calls them), which no probe a harness writes can see, since probes get the rollouts
+    and rewards, not the filter decisions; a harness probe of either name is replaced.
+
+    `false_drop_rate`: the share of verified successes the filters drop (None without one).
+    `dropped_live_rate`: the share of live groups (training rewards spread by more than EPS) of
+    which the filters keep no rollout with a non-zero GRPO advantage: signal dropped whether or not
+    the group holds a success, as backtest/metrics.py counts it (None without a live group)."""
     spans: dict[str, list[int]] = {}
     for i, r in enumerate(rollouts):
         spans.setdefault(r.group_id, []).append(i)
-    warn, critical = FALSE_DROP_THRESHOLDS
     try:
         kept = harness.filters([([rollouts[i] for i in idx], [rewards[i] for i in idx]) for idx in spans.values()])
     except HarnessError as exc:
-        return ProbeResult(FALSE_DROP, "result", None, "n/a", warn, critical, "above", (), redact(exc))
+        error = redact(exc)
+        return [_trusted(FALSE_DROP, None, FALSE_DROP_THRESHOLDS, (), error),
+                _trusted(DROPPED_LIVE, None, DROPPED_LIVE_THRESHOLDS, (), error)]
     flags = {rollouts[i].id: k for idx, ks in zip(spans.values(), kept) for i, k in zip(idx, ks)}
     successes = [r for r in rollouts if r.outcome.success]
-    if not successes:
-        return ProbeResult(FALSE_DROP, "result", None, "n/a", warn, critical, "above")
     dropped = [r.id for r in successes if not flags[r.id]]
-    value = len(dropped) / len(successes)
+    false_drops = _trusted(FALSE_DROP, len(dropped) / len(successes) if successes else None,
+                           FALSE_DROP_THRESHOLDS, dropped if examples else ())
+    live, lost = 0, []
+    for idx, ks in zip(spans.values(), kept):
+        values = [rewards[i] for i in idx]
+        if max(values) - min(values) <= EPS:
+            continue
+        live += 1
+        if not any(k and abs(a) > EPS for k, a in zip(ks, group_advantages(values))):
+            lost.append(rollouts[idx[0]].id)
+    dropped_live = _trusted(DROPPED_LIVE, len(lost) / live if live else None, DROPPED_LIVE_THRESHOLDS,
+                            lost if examples else ())
+    return [false_drops, dropped_live]
+
+
+def _trusted(name: str, value: float | None, thresholds: tuple[float, float], shown: Sequence[str],
+             error: str | None = None) -> ProbeResult:
+    """A trusted result probe that alerts above its thresholds, with up to MAX_EXAMPLES examples."""
+    warn, critical = thresholds
+    if value is None:
+        return ProbeResult(name, "result", None, "n/a", warn, critical, "above", (), error)
     level = "critical" if value > critical else "warn" if value > warn else "ok"
-    shown = tuple(dropped[:MAX_EXAMPLES]) if examples and level != "ok" else ()
-    return ProbeResult(FALSE_DROP, "result", value, level, warn, critical, "above", shown)
+    examples = tuple(shown[:MAX_EXAMPLES]) if level != "ok" else ()
+    return ProbeResult(name, "result", value, level, warn, critical, "above", examples)
 
 
 def _mid_band(harness: IsolatedHarness | Harness, task_stats: Sequence[TaskStats]) -> ProbeResult:

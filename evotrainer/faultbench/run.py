@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from evotrainer.api.probes import JUDGED_BY
 from evotrainer.backtest import SAFETY_METRICS, Selector, backtest
 from evotrainer.backtest.metrics import improvement
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
@@ -74,6 +75,9 @@ class CaseResult:
     note: str | None = None  # e.g. why `repaired` is None
     # A tool-using agent's round (propose/llm_tools.py ToolRound): ending, tool calls, tokens, seconds
     agent_loop: dict[str, Any] | None = None
+    # Each fired detect probe -> the backtest metrics that judge a repair of it (api.probes.JUDGED_BY):
+    # what every proposal for this case is gated on
+    judged_by: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +220,7 @@ class CaseRun:
                       else all(c["holds"] for c in criteria) and promoted is not None),
             criteria=criteria, safe=not unsafe, unsafe=unsafe, proposals=len(tried), backtests=len(tried),
             seconds=round(seconds, 2), tried=tried, tempting=tempting, agent_loop=self.agent_loop,
+            judged_by={p: list(JUDGED_BY.get(p, ())) for p in fired},
             note=("live: its repair needs the live pilot (run with --live)" if spec.live and not live
                   else None if shows else NOT_SHOWN))
 
@@ -249,6 +254,7 @@ class CaseRun:
         return report
 
     def _propose_and_gate(self, report: Any, store: Store, last: int) -> list[Tried]:
+        from evotrainer.diagnose.targets import retarget_all
         from evotrainer.propose import Evidence
         from evotrainer.skills import SkillLibrary
 
@@ -256,7 +262,8 @@ class CaseRun:
         evidence = Evidence(round_index=last, domain=self.case.spec.domain, report=report, samples=samples,
                             workdir=self.ws.root, run=TRAIN_RUN)
         skills = list(SkillLibrary.load(self.ws.root))
-        proposals = breadth_first(self.agent.propose(evidence, self.repo.sources("main"), skills))
+        proposals = breadth_first(retarget_all(self.agent.propose(evidence, self.repo.sources("main"), skills),
+                                               report))
         worked = getattr(self.agent, "last_round", None)
         self.agent_loop = worked.to_json() if worked is not None else None
         if worked is not None:

@@ -3,7 +3,10 @@
 Importing this package registers every agent, so `get_agent("rules")` works after it.
 """
 
-from evotrainer.propose import rules  # noqa: F401  (registers "rules")
+from evotrainer.propose import (
+    rules,  # noqa: F401  (registers "rules")
+    structural,  # noqa: F401  (registers "structural": rules plus ablations)
+)
 from evotrainer.propose.base import Agent, Evidence, Proposal, get_agent, register_agent
 
 try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from evotrainer.api.probes import JUDGED_BY
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
 from evotrainer.chat import EndpointError, ReplyError, llm_endpoint, openai_client, reply_json
 from evotrainer.errors import EvotrainerError
@@ -258,9 +259,9 @@ class LLMAgent:
             for key in ("search", "replace"):
                 _string(edit, key, f"{where}.edits[{i}]", allow_empty=True)
         targets = _string(raw, "targets", where).strip()
-        if targets not in LOWER_IS_BETTER:
+        if targets not in LOWER_IS_BETTER and targets not in JUDGED_BY:  # a probe: the loop names its metrics
             raise ReplyError(f"{where}.targets: unknown metric {targets!r}; use one of "
-                             f"{', '.join(LOWER_IS_BETTER)}")
+                             f"{', '.join(LOWER_IS_BETTER)}, or the name of the alerting probe it repairs")
         diagnosis, expected = _string(raw, "diagnosis", where), _string(raw, "expected", where)
         changed = apply_edits(sources, edits, where)
         self._check_loads({**sources, **changed}, changed, where)

@@ -2,9 +2,12 @@
 
 It reads the health report, keeps the skills whose trigger fires, that apply to the domain, that
 have not failed, and that are on by default or enabled in config, and renders each grid point
-into a Proposal. It does not rank by expected gain: the coevolve loop backtests every proposal
-and the gate decides, so the order here only says which to try first when the loop caps the
-number per round (critical alerts before warnings, validated skills before seed ones).
+into a Proposal. Its Targets are the metrics that judge the fired probes (diagnose/targets.py),
+not the skill's own: the evidence says what a repair must move. It does not rank by expected
+gain: the coevolve loop backtests every proposal and the gate decides, so the order here only
+says which to try first when the loop caps the number per round (answers to safety evidence
+first, whatever its level; then critical alerts before warnings, validated skills before seed
+ones).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from evotrainer.diagnose.targets import is_safety, targets_text
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessError
 from evotrainer.propose.base import Evidence, Proposal, register_agent
@@ -89,10 +93,13 @@ class RulesAgent:
             trig, result = max(fired, key=lambda f: SEVERITY.get(getattr(f[1], "level", "ok"), 0))
             severity = SEVERITY.get(getattr(result, "level", "ok"), 0)
             diagnosis = self._diagnosis(skill, trig, result, fired)
+            probes = [t.probe for t, r in sorted(fired, key=lambda f: -SEVERITY.get(getattr(f[1], "level", "ok"), 0))]
+            targets = targets_text([trig.probe, *probes], skill.targets)
             for point, params in enumerate(skill.grid_points()):
-                proposal = self._render(skill, params, harness, diagnosis)
+                proposal = self._render(skill, params, harness, diagnosis, targets)
                 if proposal is not None:
-                    ranked.append(((-severity, STATUS_RANK.get(skill.status, 2), order, point), proposal))
+                    rank = (not is_safety(targets), -severity, STATUS_RANK.get(skill.status, 2), order, point)
+                    ranked.append((rank, proposal))
         ranked.sort(key=lambda item: item[0])
         proposals = [p for _, p in ranked]
         return proposals[: self.limit] if self.limit is not None else proposals
@@ -109,7 +116,7 @@ class RulesAgent:
                 f"triggers at {trig.op} {trig.value:g}{thresholds}).{also} Skill ({skill.status}): {skill.summary}")
 
     def _render(self, skill: Skill, params: Mapping[str, Any], harness: Mapping[str, str],
-                diagnosis: str) -> Proposal | None:
+                diagnosis: str, targets: str) -> Proposal | None:
         slug = proposal_slug(skill, params)
         try:
             edits = skill.render(harness, params)
@@ -129,7 +136,7 @@ class RulesAgent:
                     + (f" (margin {skill.validation['margin']:g})" if "margin" in skill.validation else "")
                     + f": {' '.join(str(exp.get('note', '')).split())}")
         return Proposal(slug=slug, diagnosis=diagnosis + (f" Params: {settings}." if settings else ""),
-                        edits=changed, targets=skill.targets, expected=expected, skill=skill.name,
+                        edits=changed, targets=targets, expected=expected, skill=skill.name,
                         params=dict(params))
 
     def _skip(self, slug: str, why: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.api import Rollout
+from evotrainer.diagnose.targets import retarget
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessError
 from evotrainer.harness.repo import CANDIDATE_PREFIX, MAIN, HarnessRepoError
@@ -182,6 +183,18 @@ def _protected(tb: Toolbox, base_sources: dict[str, str], edits: dict[str, str])
                                  "changed or removed")
 
 
+def _evidence_targets(tb: Toolbox, targets: str) -> str:
+    """The metrics that judge the alert the candidate answers (diagnose/targets.py), from the
+    round's health report where coevolve wrote one (diagnostics/<run>-round-<k>.json); without
+    it, only a probe the agent names is widened to its metrics."""
+    path = tb.ws.root / "diagnostics" / f"{tb.run}-round-{tb.round}.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        report = None
+    return retarget(targets, report)
+
+
 def _propose(tb: Toolbox, base: str, slug: str, edits: dict[str, str], diagnosis: str, targets: str,
              expected: str) -> dict[str, Any]:
     if not _SLUG.fullmatch(slug):
@@ -201,8 +214,8 @@ def _propose(tb: Toolbox, base: str, slug: str, edits: dict[str, str], diagnosis
 
         raise ToolError(FAILED, f"the edited harness does not load: {redact(exc)}") from None
     try:
-        cand = tb.repo.propose(tb.round, slug, edits, diagnosis=diagnosis, targets=targets, expected=expected,
-                               base=base)
+        cand = tb.repo.propose(tb.round, slug, edits, diagnosis=diagnosis, targets=_evidence_targets(tb, targets),
+                               expected=expected, base=base)
     except HarnessRepoError as exc:
         raise ToolError(BAD_ARGUMENTS, str(exc)) from None
     return {"branch": cand.branch, "sha": cand.sha, "base": cand.base, "files": list(cand.files)}
