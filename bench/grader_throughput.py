@@ -110,16 +110,14 @@ def _job(item):
 
 
 def _start(item):
-    """Import the grader in a worker; on the warm path also start its warm workers (one per task repo)."""
+    """Import the grader in a worker; on the warm path also start its warm worker."""
     warm, pairs = item
     if warm:
         from evotrainer.grade.grader import stdlib_imports
         from evotrainer.sandbox import warm as warm_pool
 
         python = Grader(cache=None).python
-        for root, hide in {(t.root, tuple(p for p in (t.root, t.task_file, *t.hide) if p is not None)): 0
-                           for t, _ in pairs}:
-            warm_pool.release(python, hide, warm_pool.acquire(python, hide, stdlib_imports(root)))
+        warm_pool.release(warm_pool.acquire(python, sorted({m for t, _ in pairs for m in stdlib_imports(t.root)})))
     return os.getpid()
 
 

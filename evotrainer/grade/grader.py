@@ -368,15 +368,15 @@ class Grader:
         """The same pytest run in a fork of a warm worker (sandbox/warm.py); a worker that dies or
         hangs is replaced, and the run is tried once more on a fresh one."""
         for attempt in (1, 2):
-            worker = warm.acquire(self.python, hide, stdlib_imports(ref.root))
+            worker = warm.acquire(self.python, stdlib_imports(ref.root))
             try:
-                result = worker.run(args, **options)
+                result = worker.run(args, hide=hide, preload=stdlib_imports(ref.root), **options)
             except SandboxError:
                 worker.close()
                 if attempt == 2:
                     raise
                 continue
-            warm.release(self.python, hide, worker)
+            warm.release(worker)
             return result
         raise AssertionError("unreachable")
 

@@ -2,12 +2,13 @@
 and a fresh pytest import on every run.
 
 A `WarmPytest` starts one zygote (zygote.py) through the launcher, in its own network, mount and
-pid namespaces with the `hide` paths covered, and keeps it. Each `run` then costs a fork: the run
+pid namespaces, and keeps it. Each `run` then costs a fork: the run
 gets what `run_sandboxed` gives a command, made the same way here (a fresh copy of `src` plus
 `files`, `home/`, `tmp/`, `aux-<random>/`, `out-<random>/`, a scrubbed environment, a pids cgroup
 and a fresh uid) and in the zygote (new mount, pid and network namespaces of its own, private
-/tmp, rlimits, the uid, no_new_privs; see zygote.py). It returns the same `SandboxResult`, with
-`isolation["warm"]`.
+/tmp, the run's `hide` paths and the protected ones covered, rlimits, the uid, no_new_privs; see
+zygote.py). It returns the same `SandboxResult`, with `isolation["warm"]`. One zygote serves
+every repository: what a run must not see is hidden in that run's own mount namespace.
 
 Why the zygote stays root inside its namespaces: every run needs a uid of its own (so that
 RLIMIT_NPROC counts exactly its processes, it cannot signal or trace the zygote or another run,
@@ -18,8 +19,8 @@ fork that has dropped to the run's uid.
 
 Available where the launcher can drop to a fresh uid with mount and pid namespaces (we run as
 root, `isolation_support()["uid_drop"]`); `warm_available()` says. The pool (`acquire`/`release`)
-keeps one idle zygote per set of hidden paths and interpreter, and starts another when all are
-busy (a process grading from several threads).
+keeps the idle zygotes of each interpreter, and starts another when all are busy (a process
+grading from several threads).
 """
 
 from __future__ import annotations
@@ -72,8 +73,7 @@ def warm_available() -> bool:
 class WarmPytest:
     """One zygote: pytest imported once, each `run` in a fresh fork of it. One run at a time."""
 
-    def __init__(self, python: str, hide: Sequence[Path | str] = (), preload: Iterable[str] = (),
-                 tmpfs_mb: int = 64) -> None:
+    def __init__(self, python: str, preload: Iterable[str] = (), tmpfs_mb: int = 64) -> None:
         if not warm_available():
             raise SandboxError("warm pytest runs need root with mount and pid namespaces here")
         self.python = python
@@ -97,11 +97,12 @@ class WarmPytest:
             cfg = _launcher_config(
                 [exe, "-s", str(aux / "zygote.py")], self.work, self.work, env, None, _limits(10**7, 1 << 16, 64, 1 << 16),
                 netns=self._support["netns"], mountns=True, pidns=True, cgroup=None,
-                hide=_hideable([*hide, *protected()], self.work, exe), exe=exe)
+                hide=_hideable(protected(), self.work, exe), exe=exe)
             # The runs drop to a fresh uid: like a cold run's, they must reach the interpreter.
             cfg["expose"] = _python_paths(exe)
             cfg["cover"] = _covers(cfg["expose"])
             self._expose = cfg["expose"]
+            self._exe = exe
             self.proc, status = _start(cfg, self.work, with_stdin=True)
             if status.get("error"):
                 raise SandboxError(f"warm pytest worker did not start: {status['error']}")
@@ -122,11 +123,13 @@ class WarmPytest:
     def run(self, args: Sequence[str], *, src: Path | str | None, files: Mapping[str, str | bytes | None] | None = None,
             aux_files: Mapping[str, str | bytes] | None = None, timeout_s: float = 30.0, cpu_s: int | None = None,
             mem_mb: int = 1024, fsize_mb: int = 64, nproc: int = 32,
-            env_extra: Mapping[str, str] | None = None, trusted: Iterable[str] = ()) -> SandboxResult:
+            env_extra: Mapping[str, str] | None = None, hide: Sequence[Path | str] = (),
+            trusted: Iterable[str] = (), preload: Iterable[str] = ()) -> SandboxResult:
         """`python -m pytest *args` in a fresh copy of `src` (+ `files`), as `run_sandboxed` runs it.
+        `hide`: host paths the run must not see (the protected ones are added).
         `trusted`: the copy's .py files whose content no untrusted party chose (the zygote compiles
         them once for all runs). Raises SandboxError when the zygote is gone or stuck (it is then
-        closed)."""
+        closed). `preload`: standard library modules the zygote imports first, if it has not yet."""
         if not self.alive:
             raise SandboxError("the warm pytest worker is not running")
         start = time.monotonic()
@@ -160,7 +163,9 @@ class WarmPytest:
                         "env": env, "uid": uid, "nproc": nproc, "timeout_s": timeout_s,
                         "limits": _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc),
                         "cgroup": str(cgroup) if cgroup else None, "expose": self._expose,
-                        "tmpfs_mb": max(16, fsize_mb)})
+                        "tmpfs_mb": max(16, fsize_mb),
+                        "preload": sorted(set(preload)),
+                        "hide": _hideable([*hide, *protected()], self.work, self._exe)})
             reply = self._receive(start + timeout_s + _REPLY_GRACE_S)
             if not isinstance(reply, dict) or "error" in reply or "returncode" not in reply:
                 self.close()
@@ -253,34 +258,28 @@ def _capped_file(path: Path) -> str:
 # ---------------------------------------------------------------- the pool
 
 
-_Key = tuple[str, tuple[str, ...]]
-_idle: dict[_Key, list[WarmPytest]] = {}
+_idle: dict[str, list[WarmPytest]] = {}
 _lock = threading.Lock()
 
 
-def _key(python: str, hide: Sequence[Path | str]) -> _Key:
-    return python, tuple(sorted({os.path.realpath(p) for p in [*hide, *protected()]}))
-
-
-def acquire(python: str, hide: Sequence[Path | str], preload: Iterable[str] = ()) -> WarmPytest:
-    """An idle zygote for these hidden paths (the store's protected ones included), else a new one."""
-    key = _key(python, hide)
+def acquire(python: str, preload: Iterable[str] = ()) -> WarmPytest:
+    """An idle zygote of this interpreter, else a new one (importing `preload` too)."""
     with _lock:
-        workers = _idle.get(key, [])
+        workers = _idle.get(python, [])
         while workers:
             worker = workers.pop()
             if worker.alive:
                 return worker
             worker.close()
-    return WarmPytest(python, hide, preload)
+    return WarmPytest(python, preload)
 
 
-def release(python: str, hide: Sequence[Path | str], worker: WarmPytest) -> None:
+def release(worker: WarmPytest) -> None:
     if not worker.alive:
         worker.close()
         return
     with _lock:
-        _idle.setdefault(_key(python, hide), []).append(worker)
+        _idle.setdefault(worker.python, []).append(worker)
 
 
 def close_all() -> None:

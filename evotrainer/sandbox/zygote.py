@@ -7,7 +7,8 @@ and only ever runs trusted code: it imports pytest, pytest's built-in plugins an
 library modules the repository imports, and then forks once per job:
 
     zygote -> G (per job, root): new mount, pid and network namespaces; private /tmp, /var/tmp,
-              /dev/shm; supervises the wall clock and the process budget
+              /dev/shm; the job's hidden paths covered; supervises the wall clock and the
+              process budget
            -> P1 (pid 1 of the job's pid namespace): joins the job's pids cgroup, reaps orphans
            -> T (the test run): rlimits, the job's fresh uid, no_new_privs, parent-death signal,
               only fds 0-2, a scrubbed environment; then pytest in-process, as `python -m pytest`
@@ -55,18 +56,23 @@ def preload(names):
             __import__("_pytest." + name)
         except Exception:
             pass
-    stdlib = set(getattr(sys, "stdlib_module_names", ()))
-    for name in names:
-        if name.split(".")[0] in stdlib:
-            try:
-                __import__(name)
-            except Exception:
-                pass
+    import_stdlib(names)
     rehearse()
     prebuild()
     # Everything alive now is shared with the runs: out of the collector's sight, so a run's
     # collections neither scan it nor copy its pages (the fork-server use gc.freeze exists for).
     gc.freeze()
+
+
+def import_stdlib(names):
+    """The standard library modules among `names` (nothing else: they are trusted and stable)."""
+    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    for name in names:
+        if name.split(".")[0] in stdlib and name not in sys.modules:
+            try:
+                __import__(name)
+            except Exception:
+                pass
 
 
 REHEARSAL = """import pytest
@@ -197,6 +203,9 @@ def warm_up(job):
     """Compile the job's trusted files (the task's own: never a file the candidate's patch wrote)
     as they will be compiled in the run, at the fixed path the run sees them at. Each run is a new
     copy, so without this every run compiled the whole library and its tests again."""
+    if any(name not in sys.modules for name in job.get("preload", ())):  # a repository not seen yet
+        import_stdlib(job["preload"])
+        gc.freeze()
     if len(COMPILED) + len(REWRITTEN) > MEMO_CAP:
         COMPILED.clear()
         REWRITTEN.clear()
@@ -313,6 +322,11 @@ def supervise(job):
         os.makedirs(p, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", p, None, BIND | REC)
         os.close(fd)
+    for h in job["hide"]:  # the run's answers (the task's repo, its task file) and the protected stores
+        if os.path.isdir(h):
+            mount("tmpfs", h, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+        elif os.path.exists(h):
+            mount("/dev/null", h, None, BIND)
     # Every run sees its copy at the same path, so code compiled once matches every run's files.
     os.makedirs(job["cwd"], exist_ok=True)
     mount(job["repo"], job["cwd"], None, BIND | REC)
