@@ -50,7 +50,7 @@ FIXED = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k + 1)")
 WRONG = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k - 1)")
 
 
-def line_pairs():
+def line_pairs(limit: int = 0):
     """The bundled pack's tasks, each graded with two line-scaffold answers as the SWE domain
     makes them (the named line replaced): the gold line, and the buggy line left as it was
     with a comment (wrong)."""
@@ -59,7 +59,10 @@ def line_pairs():
     from evotrainer.tasks import repos
 
     domain = SweDomain(scaffold="line")
-    tasks = [domain.swe_task(t) for split in ("train", "heldout") for t in domain.tasks(split, 10**6, 0)]
+    tasks = sorted((domain.swe_task(t) for split in ("train", "heldout") for t in domain.tasks(split, 10**6, 0)),
+                   key=lambda t: t.instance_id)
+    if limit:
+        tasks = tasks[:: max(1, len(tasks) // limit)][:limit]
     pairs = []
     for task in tasks:
         path, line = focus(task)
@@ -143,11 +146,12 @@ def main() -> None:
     parser.add_argument("--pack-line", action="store_true",
                         help="the bundled pack's tasks, each with its gold line and a wrong line (line scaffold)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating cold/warm rounds; rows are medians")
+    parser.add_argument("--limit", type=int, default=0, help="with --pack-line: this many tasks, spread over the pack")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
         if args.pack_line:
-            tasks, pairs = line_pairs()
+            tasks, pairs = line_pairs(args.limit)
         elif args.tasks_file:
             tasks = [t for f in args.tasks_file for t in load_tasks(f)]  # the grader applies any bug_patch
             pairs = [(t, t.patch) for t in tasks]

@@ -9,6 +9,7 @@ test_grader_redteam.py, which runs every attack on both paths.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -188,3 +189,56 @@ def test_timeout_kills_a_thread_that_ignores_everything(task):  # noqa: F811
     assert alive(uid_of(result)) == []
     gold = grader.grade(task, task.patch)
     assert gold.outcome.success, gold.log
+
+
+OTHER = "def mul(a, b):\n    return a * b\n"
+OTHER_TESTS = "from other import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
+DIG = '''import sys
+
+def _found():
+    for value in list(vars(sys.modules["__main__"]).values()):
+        if isinstance(value, dict):
+            for key, code in list(value.items()):
+                if isinstance(key, tuple) and str(key[0]).endswith("calc.py"):
+                    space = {}
+                    try:
+                        exec(code, space)
+                        if space["add"](2, 3) == 5:
+                            return space["add"]
+                    except Exception:
+                        pass
+    return None
+
+_add = _found()
+
+def add(a, b):
+    return _add(a, b) if _add else a - b
+'''
+
+
+def test_no_run_finds_another_tasks_code_in_the_worker(grader, tmp_path):
+    """Two tasks on one clean snapshot: B's bug is in other.py, so B's files hold calc.py as it
+    should be, which is A's fix. After B is graded on the same warm worker, A's run looks for
+    compiled calc.py code in the zygote's memory (its __main__ module's tables) and uses it."""
+    from evotrainer.grade import load_tasks
+
+    clean = tmp_path / "snap"
+    (clean / "tests").mkdir(parents=True)
+    (clean / "calc.py").write_text(FIXED)
+    (clean / "other.py").write_text(OTHER)
+    (clean / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    (clean / "tests" / "test_other.py").write_text(OTHER_TESTS)
+    broken = OTHER.replace("a * b", "a + b")
+    rows = [{"instance_id": "a", "repo": "snap", "base_commit": "s", "patch": make_patch({"calc.py": (CALC, FIXED)}),
+             "bug_patch": make_patch({"calc.py": (FIXED, CALC)}), "test_patch": "",
+             "FAIL_TO_PASS": ["tests/test_calc.py::test_add"], "PASS_TO_PASS": [], "problem_statement": "a", "level": 0},
+            {"instance_id": "b", "repo": "snap", "base_commit": "s", "patch": make_patch({"other.py": (broken, OTHER)}),
+             "bug_patch": make_patch({"other.py": (OTHER, broken)}), "test_patch": "",
+             "FAIL_TO_PASS": ["tests/test_other.py::test_mul"], "PASS_TO_PASS": ["tests/test_calc.py::test_add"],
+             "problem_statement": "b", "level": 0}]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task_a, task_b = load_tasks(tmp_path / "tasks.jsonl")
+    assert grader.grade(task_b, task_b.patch).outcome.success  # B's worker compiled the clean calc.py
+    result = grader.grade(task_a, make_patch({"calc.py": (CALC, DIG + "\n\ndef sub(a, b):\n    return a - b\n")}))
+    assert "'warm': True" in result.log
+    assert not result.outcome.success and result.per_test["tests/test_calc.py::test_add"] == "failed", result.log

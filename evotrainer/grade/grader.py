@@ -351,8 +351,10 @@ class Grader:
         if not test_files:
             sb = None
         elif self.warm and warm.warm_available():
-            trusted = [p for p in _overlaid(ref.clean_files, ref.test_files) if p.endswith(".py") and p not in keep]
-            options["trusted"] = trusted
+            # Compiled once per task: its own files the patch did not write, tests only the targets'.
+            trusted = [p for p in _overlaid(ref.clean_files, ref.test_files) if p.endswith(".py") and p not in keep
+                       and (p in test_files or PurePosixPath(p).name == "conftest.py" or p not in ref.hidden)]
+            options.update(trusted=trusted, task_key=ref.fingerprint)
             # Only the tests the task names are collected (a suite of a thousand tests builds
             # only the target classes' items). A target pytest cannot find by its id ends the
             # run with a usage error: that grade runs again on the whole files, as the cold path.

@@ -124,12 +124,14 @@ class WarmPytest:
             aux_files: Mapping[str, str | bytes] | None = None, timeout_s: float = 30.0, cpu_s: int | None = None,
             mem_mb: int = 1024, fsize_mb: int = 64, nproc: int = 32,
             env_extra: Mapping[str, str] | None = None, hide: Sequence[Path | str] = (),
-            trusted: Iterable[str] = (), preload: Iterable[str] = ()) -> SandboxResult:
+            trusted: Iterable[str] = (), preload: Iterable[str] = (), task_key: str = "") -> SandboxResult:
         """`python -m pytest *args` in a fresh copy of `src` (+ `files`), as `run_sandboxed` runs it.
         `hide`: host paths the run must not see (the protected ones are added).
         `trusted`: the copy's .py files whose content no untrusted party chose (the zygote compiles
         them once for all runs). Raises SandboxError when the zygote is gone or stuck (it is then
-        closed). `preload`: standard library modules the zygote imports first, if it has not yet."""
+        closed). `preload`: standard library modules the zygote imports first, if it has not yet.
+        `task_key`: runs with the same key share a fork of the zygote that holds their compiled
+        `trusted` files (one at a time: a new key replaces it), so give one key per base state."""
         if not self.alive:
             raise SandboxError("the warm pytest worker is not running")
         start = time.monotonic()
@@ -164,7 +166,7 @@ class WarmPytest:
                         "limits": _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc),
                         "cgroup": str(cgroup) if cgroup else None, "expose": self._expose,
                         "tmpfs_mb": max(16, fsize_mb),
-                        "preload": sorted(set(preload)),
+                        "preload": sorted(set(preload)), "task": task_key,
                         "hide": _hideable([*hide, *protected()], self.work, self._exe)})
             reply = self._receive(start + timeout_s + _REPLY_GRACE_S)
             if not isinstance(reply, dict) or "error" in reply or "returncode" not in reply:

@@ -6,7 +6,8 @@ The zygote runs as root of its own network, mount and pid namespaces (the launch
 and only ever runs trusted code: it imports pytest, pytest's built-in plugins and the standard
 library modules the repository imports, and then forks once per job:
 
-    zygote -> G (per job, root): new mount, pid and network namespaces; private /tmp, /var/tmp,
+    zygote -> S (per task, root): compiles the task's own files once (see warm_up)
+           -> G (per job, root): new mount, pid and network namespaces; private /tmp, /var/tmp,
               /dev/shm; the job's hidden paths covered; supervises the wall clock and the
               process budget
            -> P1 (pid 1 of the job's pid namespace): joins the job's pids cgroup, reaps orphans
@@ -203,9 +204,6 @@ def warm_up(job):
     """Compile the job's trusted files (the task's own: never a file the candidate's patch wrote)
     as they will be compiled in the run, at the fixed path the run sees them at. Each run is a new
     copy, so without this every run compiled the whole library and its tests again."""
-    if any(name not in sys.modules for name in job.get("preload", ())):  # a repository not seen yet
-        import_stdlib(job["preload"])
-        gc.freeze()
     if len(COMPILED) + len(REWRITTEN) > MEMO_CAP:
         COMPILED.clear()
         REWRITTEN.clear()
@@ -263,14 +261,80 @@ def main():
     preload(setup["preload"])
     sys.dont_write_bytecode = True
     replies.write(b'{"ready": true}\n')
+    task = None
     for line in requests:
+        job = json.loads(line)
+        if any(name not in sys.modules for name in job.get("preload", ())):  # a repository not seen yet
+            import_stdlib(job["preload"])
+            gc.freeze()
+        if task is not None and (task[0] != job.get("task") or not task_alive(task)):
+            stop_task(task)
+            task = None
+        if task is None:
+            task = start_task(job.get("task"), requests, replies)
+        try:
+            task[2].write(line if line.endswith(b"\n") else line + b"\n")
+            reply = task[3].readline()
+        except OSError:
+            reply = b""
+        if not reply.endswith(b"\n"):
+            stop_task(task)
+            task = None
+            reply = json.dumps({"error": "the task's worker died"}).encode() + b"\n"
+        replies.write(reply)
+
+
+def start_task(key, *keep_closed):
+    """S: a fork that serves one task's jobs, with that task's files compiled. The zygote itself
+    never reads a task's files, so no run can find another task's code in its memory (another
+    task's copy of a module may hold this task's fix)."""
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(to_w)
+            os.close(from_r)
+            for f in keep_closed:
+                f.close()
+            serve_task(os.fdopen(to_r, "rb"), os.fdopen(from_w, "wb", buffering=0))
+        finally:
+            os._exit(0)
+    os.close(to_r)
+    os.close(from_w)
+    return key, pid, os.fdopen(to_w, "wb", buffering=0), os.fdopen(from_r, "rb")
+
+
+def task_alive(task):
+    try:
+        return os.waitpid(task[1], os.WNOHANG)[0] == 0
+    except ChildProcessError:
+        return False
+
+
+def stop_task(task):
+    for f in task[2:]:
+        try:
+            f.close()
+        except OSError:
+            pass
+    try:
+        os.kill(task[1], signal.SIGKILL)
+        os.waitpid(task[1], 0)
+    except OSError:
+        pass
+
+
+def serve_task(jobs, out):
+    for line in jobs:
         job = json.loads(line)
         try:
             warm_up(job)
+            gc.freeze()
         except Exception:
             pass  # a cold compile in the run costs time, never correctness
-        reply = run_job(job, requests, replies)
-        replies.write((json.dumps(reply) + "\n").encode())
+        reply = run_job(job, jobs, out)
+        out.write((json.dumps(reply) + "\n").encode())
 
 
 def run_job(job, *keep_closed):
