@@ -11,7 +11,9 @@ a fresh grade.
     python bench/grader_throughput.py --executor ray          # the same grades as Ray tasks
 
 The two paths alternate (cold 1, warm 1, cold 2, warm 2 workers, `--rounds` times) so that other
-load on a shared machine falls on both; each row is the median round. The verdicts of the two
+load on a shared machine falls on both; each row is the median round. A task's grades go to one
+worker together, as a GRPO group's completions do (the warm path compiles a task's files once per
+worker and task). The verdicts of the two
 paths must agree grade by grade (checked). Warm workers start outside the timing, as a
 long-lived grading process holds them (`--warm-start` reports what the first start costs).
 
@@ -105,11 +107,15 @@ _GRADERS: dict[bool, Grader] = {}
 
 
 def _job(item):
-    warm, (task, patch) = item
+    """One task's grades (as a GRPO group's completions reach one worker), in one worker."""
+    warm, group = item
     if warm not in _GRADERS:
         _GRADERS[warm] = Grader(cache=None, warm=warm)
-    result = _GRADERS[warm].grade(task, patch)
-    return result.outcome.kind, result.outcome.success, result.outcome.score
+    out = []
+    for task, patch in group:
+        result = _GRADERS[warm].grade(task, patch)
+        out.append((result.outcome.kind, result.outcome.success, result.outcome.score))
+    return out
 
 
 def _start(item):
@@ -130,7 +136,10 @@ def throughput(pairs, workers: int, kind: str = "local", warm: bool = False) -> 
         if kind == "ray" or warm:  # long-lived workers: started (and warm pools filled) outside the timing
             list(executor.map(_start, [(warm, pairs)] * (4 * workers if kind == "ray" else workers)))
         start = time.perf_counter()
-        results = list(executor.map(_job, [(warm, p) for p in pairs]))
+        groups: dict[str, list] = {}
+        for task, patch in pairs:
+            groups.setdefault(task.instance_id, []).append((task, patch))
+        results = [r for rs in executor.map(_job, [(warm, g) for g in groups.values()]) for r in rs]
         return time.perf_counter() - start, results
     finally:
         executor.close()

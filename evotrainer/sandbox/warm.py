@@ -177,11 +177,14 @@ class WarmPytest:
                 stderr=_capped_file(log / "stderr"), timed_out=bool(reply["timed_out"]),
                 killed=bool(reply["killed"]), duration_s=time.monotonic() - start,
                 network_isolated=bool(self._status.get("netns")),
-                isolation={**reply.get("isolation", {}), "cpu_s": reply.get("cpu_s"), "netns": bool(self._status.get("netns")),
+                isolation={**reply.get("isolation", {}), "cpu_s": reply.get("cpu_s"),
+                           "netns": bool(self._status.get("netns")), "loopback": self._status.get("loopback"),
                            "hidden": self._status.get("hidden"), "cgroup_pids": cgroup is not None},
                 outputs=_collect(out), nproc_exceeded=bool(reply["nproc_exceeded"]))
         finally:
-            _sweep(None, uid, cgroup)
+            # Every process of the run is in the cgroup (its pid-namespace init joined it first)
+            # and in the zygote's pid namespace, where the zygote already swept the uid.
+            _sweep(None, None if cgroup else uid, cgroup)
             if cgroup is not None:
                 _remove_cgroup(cgroup)
             _rmtree(job)

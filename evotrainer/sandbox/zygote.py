@@ -7,7 +7,7 @@ and only ever runs trusted code: it imports pytest, pytest's built-in plugins an
 library modules the repository imports, and then forks once per job:
 
     zygote -> S (per task, root): compiles the task's own files once (see warm_up)
-           -> G (per job, root): new mount, pid and network namespaces; private /tmp, /var/tmp,
+           -> G (per job, root): new mount and pid namespaces; private /tmp, /var/tmp,
               /dev/shm; the job's hidden paths covered; supervises the wall clock and the
               process budget
            -> P1 (pid 1 of the job's pid namespace): joins the job's pids cgroup, reaps orphans
@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 
-NEWNS, NEWNET, NEWPID = 0x00020000, 0x40000000, 0x20000000
+NEWNS, NEWPID = 0x00020000, 0x20000000
 REC, PRIV, BIND, NOSUID, NODEV = 16384, 1 << 18, 4096, 2, 4
 PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 libc = ctypes.CDLL(None, use_errno=True)
@@ -374,7 +374,9 @@ def run_job(job, *keep_closed):
 def supervise(job):
     """G: the job's namespaces and mounts, then P1 and T; wait with the deadline and budget."""
     start = time.monotonic()
-    if libc.unshare(NEWNS | NEWPID | NEWNET) != 0:
+    # No network namespace per job: the zygote's own (loopback only) already separates every job
+    # from the host, and a job's sockets die with its processes before the next job starts.
+    if libc.unshare(NEWNS | NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     mount(None, "/", None, REC | PRIV)
     keep = [(p, os.open(p, os.O_PATH)) for p in [job["dir"], *job["expose"]]
@@ -394,7 +396,6 @@ def supervise(job):
     # Every run sees its copy at the same path, so code compiled once matches every run's files.
     os.makedirs(job["cwd"], exist_ok=True)
     mount(job["repo"], job["cwd"], None, BIND | REC)
-    loopback = bring_up_loopback()
     p1 = os.fork()
     if p1 == 0:
         try:
@@ -437,23 +438,8 @@ def supervise(job):
     return {"returncode": rc, "timed_out": timed_out, "nproc_exceeded": over_budget,
             "killed": timed_out or over_budget or leftover, "duration_s": time.monotonic() - start,
             "cpu_s": usage.ru_utime + usage.ru_stime if usage else None,
-            "isolation": {"warm": True, "netns": True, "loopback": loopback, "mountns": True, "pidns": True,
+            "isolation": {"warm": True, "mountns": True, "pidns": True,
                           "uid": uid, "no_new_privs": True, "cgroup": bool(cgroup)}}
-
-
-def bring_up_loopback():
-    import fcntl
-    import socket
-    import struct
-
-    try:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b""))[:18])[1]
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
-        s.close()
-        return True
-    except OSError:
-        return False
 
 
 def count(uid, cgroup):
