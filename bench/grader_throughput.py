@@ -8,6 +8,7 @@ a fresh grade.
                                                               # (after `evotrainer tasks fetch`)
     python bench/grader_throughput.py --pack-line             # the pack's line-scaffold answers: gold
                                                               # and bug line per task, as the SWE domain grades
+    python bench/grader_throughput.py --pack-line --group 8 --limit 4   # 8 answers per task (a GRPO group)
     python bench/grader_throughput.py --executor ray          # the same grades as Ray tasks
 
 The two paths alternate (cold 1, warm 1, cold 2, warm 2 workers, `--rounds` times) so that other
@@ -52,10 +53,10 @@ FIXED = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k + 1)")
 WRONG = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k - 1)")
 
 
-def line_pairs(limit: int = 0):
-    """The bundled pack's tasks, each graded with two line-scaffold answers as the SWE domain
-    makes them (the named line replaced): the gold line, and the buggy line left as it was
-    with a comment (wrong)."""
+def line_pairs(limit: int = 0, group: int = 2):
+    """The bundled pack's tasks, each graded with `group` line-scaffold answers as the SWE domain
+    makes them (the named line replaced): the gold line, and the buggy line left as it was with
+    a comment, a different one per answer (wrong)."""
     from evotrainer.domains.swe import SweDomain, focus
     from evotrainer.scaffold.line import replace_line
     from evotrainer.tasks import repos
@@ -71,7 +72,9 @@ def line_pairs(limit: int = 0):
         buggy = repos.read_buggy(task, path)
         lines = buggy.splitlines()
         pairs.append((task, task.patch))
-        pairs.append((task, make_patch({path: (buggy, replace_line(buggy, line, [lines[line - 1].strip() + "  # fixed"]))})))
+        for i in range(1, group):
+            wrong = replace_line(buggy, line, [lines[line - 1].strip() + f"  # fixed {i}"])
+            pairs.append((task, make_patch({path: (buggy, wrong)})))
     return tasks, pairs
 
 
@@ -156,11 +159,13 @@ def main() -> None:
                         help="the bundled pack's tasks, each with its gold line and a wrong line (line scaffold)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating cold/warm rounds; rows are medians")
     parser.add_argument("--limit", type=int, default=0, help="with --pack-line: this many tasks, spread over the pack")
+    parser.add_argument("--group", type=int, default=2,
+                        help="with --pack-line: answers per task (gold and group-1 distinct wrong lines), as a GRPO group")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
         if args.pack_line:
-            tasks, pairs = line_pairs(args.limit)
+            tasks, pairs = line_pairs(args.limit, args.group)
         elif args.tasks_file:
             tasks = [t for f in args.tasks_file for t in load_tasks(f)]  # the grader applies any bug_patch
             pairs = [(t, t.patch) for t in tasks]
