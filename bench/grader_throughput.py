@@ -1,9 +1,22 @@
-"""Grader throughput: tasks graded per second with 1 and 2 workers, and a cache hit against a fresh grade.
+"""Grader throughput: tasks graded per second with 1 and 2 workers, on the cold path (a fresh
+sandboxed interpreter per grade) and the warm one (a fork of a warm pytest worker per grade,
+evotrainer/sandbox/warm.py), side by side in one run with their ratio; and a cache hit against
+a fresh grade.
 
     python bench/grader_throughput.py                         # 8 synthetic tasks x (gold, wrong) patches
     python bench/grader_throughput.py --tasks-file evotrainer/tasks/packs/*.jsonl  # the bundled pack, gold
                                                               # (after `evotrainer tasks fetch`)
+    python bench/grader_throughput.py --pack-line             # the pack's line-scaffold answers: gold
+                                                              # and bug line per task, as the SWE domain grades
+    python bench/grader_throughput.py --pack-line --group 8 --limit 4   # 8 answers per task (a GRPO group)
     python bench/grader_throughput.py --executor ray          # the same grades as Ray tasks
+
+The two paths alternate (cold 1, warm 1, cold 2, warm 2 workers, `--rounds` times) so that other
+load on a shared machine falls on both; each row is the median round. A task's grades go to one
+worker together, as a GRPO group's completions do (the warm path compiles a task's files once per
+worker and task). The verdicts of the two
+paths must agree grade by grade (checked). Warm workers start outside the timing, as a
+long-lived grading process holds them (`--warm-start` reports what the first start costs).
 
 Synthetic tasks are small real repos (a module with an off-by-one and a 12-test suite) made in a
 temp folder. Every grade is real: patch applied, tests restored, sandboxed pytest, junit read.
@@ -26,6 +39,7 @@ from pathlib import Path
 
 from evotrainer.grade import GradeCache, Grader, load_tasks, make_patch
 from evotrainer.sandbox import get_executor, isolation_support
+from evotrainer.sandbox.warm import warm_available
 
 MODULE = '''def window_sums(nums, k):
     """Sums of every window of k consecutive numbers."""
@@ -37,6 +51,31 @@ def scale(nums, factor):
 '''
 FIXED = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k + 1)")
 WRONG = MODULE.replace("range(len(nums) - k)", "range(len(nums) - k - 1)")
+
+
+def line_pairs(limit: int = 0, group: int = 2):
+    """The bundled pack's tasks, each graded with `group` line-scaffold answers as the SWE domain
+    makes them (the named line replaced): the gold line, and the buggy line left as it was with
+    a comment, a different one per answer (wrong)."""
+    from evotrainer.domains.swe import SweDomain, focus
+    from evotrainer.scaffold.line import replace_line
+    from evotrainer.tasks import repos
+
+    domain = SweDomain(scaffold="line")
+    tasks = sorted((domain.swe_task(t) for split in ("train", "heldout") for t in domain.tasks(split, 10**6, 0)),
+                   key=lambda t: t.instance_id)
+    if limit:
+        tasks = tasks[:: max(1, len(tasks) // limit)][:limit]
+    pairs = []
+    for task in tasks:
+        path, line = focus(task)
+        buggy = repos.read_buggy(task, path)
+        lines = buggy.splitlines()
+        pairs.append((task, task.patch))
+        for i in range(1, group):
+            wrong = replace_line(buggy, line, [lines[line - 1].strip() + f"  # fixed {i}"])
+            pairs.append((task, make_patch({path: (buggy, wrong)})))
+    return tasks, pairs
 
 
 def _tests(n: int) -> str:
@@ -67,34 +106,46 @@ def synthetic_tasks(root: Path, n: int) -> Path:
     return path
 
 
-_GRADER: Grader | None = None
+_GRADERS: dict[bool, Grader] = {}
 
 
-def _job(pair):
-    global _GRADER
-    if _GRADER is None:
-        _GRADER = Grader(cache=None)
-    task, patch = pair
-    result = _GRADER.grade(task, patch)
-    return result.outcome.kind, result.outcome.success
+def _job(item):
+    """One task's grades (as a GRPO group's completions reach one worker), in one worker."""
+    warm, group = item
+    if warm not in _GRADERS:
+        _GRADERS[warm] = Grader(cache=None, warm=warm)
+    out = []
+    for task, patch in group:
+        result = _GRADERS[warm].grade(task, patch)
+        out.append((result.outcome.kind, result.outcome.success, result.outcome.score))
+    return out
 
 
-def _warm(_):
-    import evotrainer.grade  # noqa: F401
+def _start(item):
+    """Import the grader in a worker; on the warm path also start its warm worker."""
+    warm, pairs = item
+    if warm:
+        from evotrainer.grade.grader import stdlib_imports
+        from evotrainer.sandbox import warm as warm_pool
 
+        python = Grader(cache=None).python
+        warm_pool.release(warm_pool.acquire(python, sorted({m for t, _ in pairs for m in stdlib_imports(t.root)})))
     return os.getpid()
 
 
-def throughput(pairs, workers: int, kind: str = "local") -> tuple[float, list]:
+def throughput(pairs, workers: int, kind: str = "local", warm: bool = False) -> tuple[float, list]:
     executor = get_executor(kind, workers=workers)
-    if kind == "ray":  # start and import in every Ray worker first: the cluster outlives a grading run
-        list(executor.map(_warm, range(4 * workers)))
-    start = time.perf_counter()
     try:
-        results = list(executor.map(_job, pairs))
+        if kind == "ray" or warm:  # long-lived workers: started (and warm pools filled) outside the timing
+            list(executor.map(_start, [(warm, pairs)] * (4 * workers if kind == "ray" else workers)))
+        start = time.perf_counter()
+        groups: dict[str, list] = {}
+        for task, patch in pairs:
+            groups.setdefault(task.instance_id, []).append((task, patch))
+        results = [r for rs in executor.map(_job, [(warm, g) for g in groups.values()]) for r in rs]
+        return time.perf_counter() - start, results
     finally:
         executor.close()
-    return time.perf_counter() - start, results
 
 
 def main() -> None:
@@ -104,32 +155,49 @@ def main() -> None:
     parser.add_argument("--cache-reps", type=int, default=200)
     parser.add_argument("--executor", choices=("local", "ray"), default="local",
                         help="local: a process pool; ray: Ray tasks on a private instance")
+    parser.add_argument("--pack-line", action="store_true",
+                        help="the bundled pack's tasks, each with its gold line and a wrong line (line scaffold)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating cold/warm rounds; rows are medians")
+    parser.add_argument("--limit", type=int, default=0, help="with --pack-line: this many tasks, spread over the pack")
+    parser.add_argument("--group", type=int, default=2,
+                        help="with --pack-line: answers per task (gold and group-1 distinct wrong lines), as a GRPO group")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp:
-        if args.tasks_file:
+        if args.pack_line:
+            tasks, pairs = line_pairs(args.limit, args.group)
+        elif args.tasks_file:
             tasks = [t for f in args.tasks_file for t in load_tasks(f)]  # the grader applies any bug_patch
             pairs = [(t, t.patch) for t in tasks]
         else:
             tasks = load_tasks(synthetic_tasks(Path(tmp), args.tasks))
             wrong = make_patch({"windows.py": (MODULE, WRONG)})
             pairs = [(t, p) for t in tasks for p in (t.patch, wrong)]
-        print(f"isolation: {isolation_support()}")
+        print(f"isolation: {isolation_support()}; warm path available: {warm_available()}")
         print(f"executor: {args.executor}; load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
               f" on {len(os.sched_getaffinity(0))} cores")
-        print(f"{len(pairs)} grades over {len(tasks)} task(s)\n")
-        rows = []
+        print(f"{len(pairs)} grades over {len(tasks)} task(s), {args.rounds} round(s)\n")
+        walls: dict[tuple[bool, int], list[float]] = {}
+        verdicts: dict[bool, list] = {}
+        for _ in range(args.rounds):
+            for workers in (1, 2):
+                for warm in (False, True):
+                    wall, results = throughput(pairs, workers, args.executor, warm)
+                    walls.setdefault((warm, workers), []).append(wall)
+                    assert verdicts.setdefault(warm, results) == results, "two runs of one path disagree"
+        print(f"{'path':>5} {'workers':>8} {'wall s':>8} {'grades/s':>9} {'vs cold':>8}   outcome kinds")
         for workers in (1, 2):
-            wall, results = throughput(pairs, workers, args.executor)
-            rows.append((workers, wall, results))
-        print(f"{'workers':>8} {'wall s':>8} {'grades/s':>9} {'speed-up':>9}   outcome kinds")
-        for workers, wall, results in rows:
-            kinds = {}
-            for kind, _ in results:
-                kinds[kind] = kinds.get(kind, 0) + 1
-            print(f"{workers:>8} {wall:>8.2f} {len(pairs) / wall:>9.2f} {rows[0][1] / wall:>8.2f}x   "
-                  + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
-        assert rows[0][2] == rows[1][2], "1 and 2 workers disagree"
+            for warm in (False, True):
+                wall = statistics.median(walls[(warm, workers)])
+                cold = statistics.median(walls[(False, workers)])
+                kinds: dict[str, int] = {}
+                for kind, _, _ in verdicts[warm]:
+                    kinds[kind] = kinds.get(kind, 0) + 1
+                print(f"{'warm' if warm else 'cold':>5} {workers:>8} {wall:>8.2f} {len(pairs) / wall:>9.2f} "
+                      f"{cold / wall:>7.2f}x   " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
+        same = sum(a == b for a, b in zip(verdicts[False], verdicts[True]))
+        print(f"verdicts (kind, resolved, score) identical on both paths: {same}/{len(pairs)}")
+        assert same == len(pairs), "the warm path's verdicts differ from the cold path's"
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
         cache_dir = Path(tmp) / "cache"

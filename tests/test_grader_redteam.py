@@ -5,7 +5,8 @@ within its timeout, and leave the machine as it was (no file outside the sandbox
 The repo: `calc.py` whose `add` subtracts (the bug), `tests/test_calc.py` (test_add fails,
 test_sub passes), plus a hidden test added by the task's test_patch (`tests/test_hidden.py`).
 Where an attack could be doubted, a control shows it fools a naive runner (plain pytest in the
-same sandbox) before showing that the grader is not fooled.
+same sandbox) before showing that the grader is not fooled. Every test runs on both grading paths
+(`grading_path`); test_grader_warm.py adds the attacks specific to the warm one.
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ TESTS = ("from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) =
 HIDDEN = "from calc import add\n\n\ndef test_add_big():\n    assert add(1234, 4321) == 5555\n"
 F2P = ["tests/test_calc.py::test_add", "tests/test_hidden.py::test_add_big"]
 P2P = ["tests/test_calc.py::test_sub"]
+
+
+@pytest.fixture(autouse=True, params=["warm", "cold"])
+def grading_path(request, monkeypatch):
+    """Every attack runs on both grading paths: the warm one (a fork of a warm pytest worker,
+    the default where the machine allows it) and the cold one (a fresh sandboxed interpreter)."""
+    from evotrainer.sandbox.warm import warm_available
+
+    if request.param == "warm" and not warm_available():
+        pytest.skip("the warm path needs fresh uids with mount and pid namespaces")
+    monkeypatch.setenv("EVOTRAINER_GRADER_WARM", "1" if request.param == "warm" else "0")
+    return request.param
 
 
 @pytest.fixture

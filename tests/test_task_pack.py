@@ -191,3 +191,51 @@ def test_gold_written_as_edit_blocks_resolves_all(pack):
         if not outcome.success:
             failures.append(f"{t.task_id}: {outcome}")
     assert not failures, "\n".join(failures)
+
+
+def _paths_agree(task, warm: Grader, cold: Grader) -> list[str]:
+    """Gold, a comment-only patch and a wrong line-scaffold answer, graded on both paths: the
+    same outcome and per-test statuses; and gold resolves, the others do not, on the warm path."""
+    from evotrainer.scaffold.line import replace_line
+
+    path, line = focus(task)
+    buggy = repos.read_buggy(task, path)
+    wrong_line = make_patch({path: (buggy, replace_line(buggy, line, [buggy.splitlines()[line - 1].strip() + "  # ok"]))})
+    problems = []
+    for name, patch in (("gold", task.patch), ("noop", _noop(task)), ("wrong line", wrong_line)):
+        w, c = warm.grade(task, patch), cold.grade(task, patch)
+        if "'warm': True" not in w.log:
+            problems.append(f"{task.instance_id} {name}: not graded on the warm path")
+        if (w.outcome, w.per_test) != (c.outcome, c.per_test):
+            problems.append(f"{task.instance_id} {name}: warm {w.outcome} != cold {c.outcome}")
+        if w.outcome.success != (name == "gold"):
+            problems.append(f"{task.instance_id} {name}: {w.outcome}")
+    return problems
+
+
+def _warm_and_cold():
+    from evotrainer.sandbox.warm import warm_available
+
+    if not warm_available():
+        pytest.skip("the warm path needs fresh uids with mount and pid namespaces")
+    return Grader(cache=None, warm=True), Grader(cache=None, warm=False)
+
+
+def test_warm_and_cold_paths_agree_sample(pack):
+    """One task per library: the warm grading path gives the cold one's verdicts."""
+    warm, cold = _warm_and_cold()
+    seen, problems = set(), []
+    for t in pack:
+        if _library(t) not in seen:
+            seen.add(_library(t))
+            problems += _paths_agree(t, warm, cold)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_warm_and_cold_paths_agree_all(pack):
+    """Every bundled task: gold resolves and the bug fails on the warm path, with the verdicts
+    (outcome, flags, score, per-test statuses) of the cold path."""
+    warm, cold = _warm_and_cold()
+    problems = [p for t in pack for p in _paths_agree(t, warm, cold)]
+    assert not problems, "\n".join(problems)

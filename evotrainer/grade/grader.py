@@ -34,6 +34,7 @@ untrustworthy evidence); `kind` ok | wrong | empty | patch_failed | timeout | ta
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -53,9 +54,11 @@ from evotrainer.errors import UserError
 from evotrainer.grade.cache import GradeCache
 from evotrainer.grade.patch import FilePatch, PatchError, UnsafePathError, apply_patch, parse_patch
 from evotrainer.grade.swe_tasks import SweTask
-from evotrainer.sandbox import SandboxError, run_sandboxed
+from evotrainer.sandbox import SandboxError, run_sandboxed, warm
 
 GRADER_VERSION = "2"  # 2: vendored imports refused
+WARM_ENV = "EVOTRAINER_GRADER_WARM"
+_USAGE_ERROR = 4  # pytest's exit code for a node id it did not find
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 INJECTION_FILES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
@@ -201,6 +204,33 @@ def build_reference(task: SweTask) -> _Reference:
     return _Reference(root, test_files, hidden, base, digest.hexdigest()[:32], bug_files)
 
 
+_stdlib_imports: dict[str, tuple[str, ...]] = {}
+
+
+def stdlib_imports(root: Path) -> tuple[str, ...]:
+    """The standard library modules the repo's Python files import: the warm worker imports
+    them once (stable code), never the repo's own modules."""
+    key = str(root)
+    if key not in _stdlib_imports:
+        stdlib = sys.stdlib_module_names
+        names: set[str] = set()
+        for rel, _, _ in _walk(root):
+            if not rel.endswith(".py"):
+                continue
+            try:
+                tree = ast.parse((root / rel).read_bytes())
+            except (OSError, SyntaxError, ValueError):
+                continue
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names.update(a.name for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names.add(node.module)
+        skip = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo"}
+        _stdlib_imports[key] = tuple(sorted(n for n in names if n.split(".")[0] in stdlib - skip))
+    return _stdlib_imports[key]
+
+
 # ---------------------------------------------------------------- junit and the guard's record
 
 
@@ -253,6 +283,9 @@ class Grader:
     fsize_mb: int = 64
     python: str = sys.executable
     cache: GradeCache | None = field(default_factory=GradeCache)
+    # The warm path (a forked pytest worker per snapshot) where this machine allows it; False, or
+    # EVOTRAINER_GRADER_WARM=0, runs a fresh sandboxed interpreter per grade as before.
+    warm: bool = field(default_factory=lambda: os.environ.get(WARM_ENV, "1") != "0")
     _refs: dict[str, _Reference] = field(default_factory=dict, repr=False)
 
     def reference(self, task: SweTask) -> _Reference:
@@ -309,14 +342,45 @@ class Grader:
         cmd = [self.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", module, "-q", "--rootdir", "{repo}",
                "--continue-on-collection-errors", f"--junitxml={{out}}/{junit}", *test_files]
         hide = [p for p in (task.root, task.task_file, *task.hide) if p is not None]
-        sb = run_sandboxed(
-            cmd, src=ref.root, files=files, timeout_s=self.timeout_s, mem_mb=self.mem_mb, nproc=self.nproc,
-            fsize_mb=self.fsize_mb, hide=hide,
+        options: dict[str, Any] = dict(
+            src=ref.root, files=files, timeout_s=self.timeout_s, mem_mb=self.mem_mb, nproc=self.nproc,
+            fsize_mb=self.fsize_mb,
             aux_files={f"{module}.py": _GUARD_SOURCE, "guard.json": json.dumps(guard_cfg)},
             env_extra={"PYTHONPATH": "{aux}", "EVO_GUARD_CONFIG": "{aux}/guard.json", "EVO_GUARD_OUT": "{out}",
-                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-        ) if test_files else None
+                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        if not test_files:
+            sb = None
+        elif self.warm and warm.warm_available():
+            # Compiled once per task: its own files the patch did not write, tests only the targets'.
+            trusted = [p for p in _overlaid(ref.clean_files, ref.test_files) if p.endswith(".py") and p not in keep
+                       and (p in test_files or PurePosixPath(p).name == "conftest.py" or p not in ref.hidden)]
+            options.update(trusted=trusted, task_key=ref.fingerprint)
+            # Only the tests the task names are collected (a suite of a thousand tests builds
+            # only the target classes' items). A target pytest cannot find by its id ends the
+            # run with a usage error: that grade runs again on the whole files, as the cold path.
+            named = list(dict.fromkeys(t for t in targets if t.split("::", 1)[0] in test_files))
+            sb = self._run_warm([*cmd[3:-len(test_files)], *named], ref, hide, options)
+            if sb.returncode == _USAGE_ERROR and not sb.timed_out:
+                sb = self._run_warm(cmd[3:], ref, hide, options)
+        else:
+            sb = run_sandboxed(cmd, hide=hide, **options)
         return _decide(task, sb, junit, flags, notes, start)
+
+    def _run_warm(self, args: list[str], ref: _Reference, hide: list[Path], options: dict[str, Any]):
+        """The same pytest run in a fork of a warm worker (sandbox/warm.py); a worker that dies or
+        hangs is replaced, and the run is tried once more on a fresh one."""
+        for attempt in (1, 2):
+            worker = warm.acquire(self.python, stdlib_imports(ref.root))
+            try:
+                result = worker.run(args, hide=hide, preload=stdlib_imports(ref.root), **options)
+            except SandboxError:
+                worker.close()
+                if attempt == 2:
+                    raise
+                continue
+            warm.release(worker)
+            return result
+        raise AssertionError("unreachable")
 
 
 def _screen(parsed: list[FilePatch], changes: dict[str, str | None], ref: _Reference,
