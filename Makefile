@@ -43,11 +43,14 @@ train: setup
 	$(VENV)/bin/evotrainer coevolve --domain math --rounds 2 --resume --workdir $(WORKDIR)
 	$(VENV)/bin/evotrainer report --workdir $(WORKDIR)
 
+# Two workers (TEST_WORKERS=1 for one process): tests that share something real (one port, one
+# folder) say so with an xdist_group mark, which --dist loadgroup keeps on one worker.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 # ruff over the whole tree and mypy over the public modules (both configured in pyproject.toml).
 lint: $(VENV)/.installed

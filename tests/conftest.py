@@ -1,4 +1,10 @@
-"""Shared fixtures. The embedded model is converted once per machine into EVOTRAINER_HOME."""
+"""Shared fixtures. The embedded model is converted once per machine into EVOTRAINER_HOME (under a
+lock, so parallel workers that start together convert it once).
+
+`make test` runs the suite on pytest-xdist workers, each its own process with these session
+fixtures of its own. Tests that must share something real with each other (a fixed port, one
+folder) carry `@pytest.mark.xdist_group("name")`, which `--dist loadgroup` keeps on one worker.
+"""
 
 import os
 from pathlib import Path
@@ -11,6 +17,23 @@ def embedded_model_dir():
     from evotrainer.policy.embedded import embedded_model_dir as convert
 
     return convert()
+
+
+def _share_the_cores() -> None:
+    """Each worker gets its share of the cores for torch (and for the processes it starts), so
+    two workers on two cores do not each run two spinning threads on one core."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return
+    threads = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, threads)
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores()
 
 
 @pytest.fixture(scope="session", autouse=True)
