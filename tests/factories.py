@@ -5,7 +5,6 @@ or `StoredRollout` gets its default here, once, instead of in every test that bu
 
     make_rollout("r1", group_id="g", success=True)            # Outcome(True, 1.0, "ok", ())
     make_rollout(completion="Answer: 5", kind="wrong", flags=("answer_marker",), num_tokens=12)
-    make_group("g0", [True, False, False])                     # ids g0-0.., task t-g0
     make_stored(make_rollout(), reward=1.0, kept=True, run_id=run, round_id=rnd)
 
 tests/ is on sys.path for every test module (pytest's rootdir-relative import), so
@@ -41,12 +40,6 @@ def make_rollout(id: str = "r0", *, task_id: str | None = None, group_id: str = 
                    num_tokens=num_tokens, truncated=truncated, meta=meta or {})
 
 
-def make_group(group_id: str, successes: Iterable[bool], **fields: Any) -> list[Rollout]:
-    """A group: one rollout per entry of `successes`, ids <group>-0, <group>-1, ..."""
-    return [make_rollout(f"{group_id}-{k}", group_id=group_id, success=ok, **fields)
-            for k, ok in enumerate(successes)]
-
-
 def make_stored(rollout: Rollout | None = None, *, reward: float | None = None,
                 reward_components: dict[str, float] | None = None, **fields: Any) -> StoredRollout:
     """A stored row around `rollout` (a default one if None); the other StoredRollout fields by name.
@@ -57,4 +50,4 @@ def make_stored(rollout: Rollout | None = None, *, reward: float | None = None,
                          **fields)
 
 
-__all__ = ["make_group", "make_outcome", "make_rollout", "make_stored"]
+__all__ = ["make_outcome", "make_rollout", "make_stored"]
