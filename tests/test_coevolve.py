@@ -73,6 +73,9 @@ def _state(loop: Coevolution, **kw) -> RunState:
 
 
 def test_gate_promotes_one_candidate_with_evidence(loop):
+    # The rules agent's first four proposals here: a dynamics change (rejected without a pilot),
+    # two replayable ones and partial credit; the other four backtest what these already show.
+    loop.config.coevolve.max_proposals = 4
     seed_round(loop.ws.root)
     state = _state(loop, stage="diagnose")
     loop.stage_diagnose(state)
@@ -97,6 +100,7 @@ def test_a_round_records_what_each_stage_cost(loop, capsys):
     from evotrainer.cli.main import app
     from evotrainer.report.gather import rounds as report_rounds
 
+    loop.config.coevolve.max_proposals = 2  # one backtest is enough to charge the stage
     store, run_id, _ = seed_round(loop.ws.root)
     store.close()
     state = _state(loop, stage="verify")
@@ -140,6 +144,7 @@ def test_approve_no_keeps_main_unchanged(tmp_path):
     from evotrainer.cli.main import _ask_approval
 
     loop = Coevolution(plain_config(tmp_path), tmp_path / "work", approve=_ask_approval)
+    loop.config.coevolve.max_proposals = 4  # partial credit, which the gate passes, is the fourth
     seed_round(loop.ws.root)
     before = loop.repo.resolve("main")
     state = _state(loop, stage="diagnose")
