@@ -1,9 +1,11 @@
 """Shared fixtures. The embedded model is converted once per machine into EVOTRAINER_HOME (under a
 lock, so parallel workers that start together convert it once).
 
-`make test` runs the suite on pytest-xdist workers, each its own process with these session
-fixtures of its own. Tests that must share something real with each other (a fixed port, one
-folder) carry `@pytest.mark.xdist_group("name")`, which `--dist loadgroup` keeps on one worker.
+`make test` runs the suite on pytest-xdist workers (`-n 2 --dist load --maxschedchunk 1`), each its
+own process with these session fixtures of its own; every test makes its own temp folders, ports
+(bound to 0), PostgreSQL server and browser profile, so none needs to share a worker. A test that
+ever must (a fixed port, one folder) can carry `@pytest.mark.xdist_group("name")` and the run
+`--dist loadgroup`.
 """
 
 import os
@@ -34,6 +36,25 @@ def _share_the_cores() -> None:
 
 
 _share_the_cores()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the longest tests first. Each worker takes the next test as it frees up, so a
+    long test reached late would run on alone after everything else had finished: the suite's
+    wall time is its busiest worker's. `@pytest.mark.slow(seconds=N)` says how long a test takes
+    (a bare `slow` counts as a minute). A worker holds two tests at a time, so the longest test's
+    companion is a short one and the next longest starts on the other worker at once."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+
+    def seconds(item) -> float:
+        mark = item.get_closest_marker("slow")
+        return 0.0 if mark is None else float(mark.kwargs.get("seconds", 60))
+
+    items.sort(key=seconds, reverse=True)  # stable: the rest keep their order
+    short = next((i for i, item in enumerate(items) if not seconds(item)), None)
+    if short is not None and short > 1:
+        items.insert(1, items.pop(short))
 
 
 @pytest.fixture(scope="session", autouse=True)
