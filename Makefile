@@ -43,11 +43,15 @@ train: setup
 	$(VENV)/bin/evotrainer coevolve --domain math --rounds 2 --resume --workdir $(WORKDIR)
 	$(VENV)/bin/evotrainer report --workdir $(WORKDIR)
 
+# Two workers (TEST_WORKERS=1 for one process), each handed one test at a time, longest first
+# (tests/conftest.py orders them), so no long test is left to run on alone at the end.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist load --maxschedchunk 1
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # ruff over the whole tree and mypy over the public modules (both configured in pyproject.toml).
 lint: $(VENV)/.installed

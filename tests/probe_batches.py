@@ -3,7 +3,8 @@ and multi-turn, with judge labels and the model-state meta the trainer writes.""
 
 from __future__ import annotations
 
-from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.api import Rollout, Turn
+from tests.factories import make_rollout
 from tests.test_backtest import gate_groups
 from tests.test_diagnose import batch
 
@@ -11,8 +12,9 @@ from tests.test_diagnose import batch
 def _r(rid: str, group: str, domain: str, kind: str, *, flags=(), tokens: int = 20, truncated: bool = False,
        text: str = "done", turns=(), meta=None) -> Rollout:
     ok = kind == "ok"
-    return Rollout(rid, f"task-{group}", group, domain, "fix it", text, tuple(turns),
-                   Outcome(ok, float(ok), kind, tuple(flags)), tokens, truncated, meta or {})
+    return make_rollout(rid, task_id=f"task-{group}", group_id=group, domain=domain, prompt="fix it", completion=text,
+                        turns=turns, success=ok, kind=kind, flags=flags, num_tokens=tokens, truncated=truncated,
+                        meta=meta)
 
 
 def _agent(*steps: tuple[str, str]) -> tuple[Turn, ...]:

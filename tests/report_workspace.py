@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from clamp_task import FIX, clamp_repo, clamp_row  # tests/ is on sys.path wherever this module is used
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
@@ -31,10 +31,10 @@ def _rows(run_id: int, round_id: int, k: int, harness: str) -> list[StoredRollou
             truncated = not success and j % 2 == 0
             text = "Answer: 4" if success else ("Answer: 5" if j % 2 else "Let me think about this for a")
             kind = "ok" if success else ("truncated" if truncated else "wrong")
-            r = Rollout(f"r{k}-{g}-{j:02d}", f"t-{g}", f"k{k}g{g}", "math", "What is 2 + 2?", text, (),
-                        Outcome(success, float(success), kind, ()), 12 + j, truncated, {"level": 0})
-            rows.append(StoredRollout(r, {"correct": float(success)}, float(success), 0.0, j != 7,
-                                      f"lora-{k}", j, harness, run_id, round_id, g))
+            r = make_rollout(f"r{k}-{g}-{j:02d}", task_id=f"t-{g}", group_id=f"k{k}g{g}", completion=text,
+                             success=success, kind=kind, num_tokens=12 + j, truncated=truncated, meta={"level": 0})
+            rows.append(make_stored(r, reward=float(success), advantage=0.0, kept=j != 7, model_version=f"lora-{k}",
+                                    seed=j, harness_version=harness, run_id=run_id, round_id=round_id, step=g))
     return rows
 
 
@@ -101,7 +101,7 @@ def swe_trajectory(tmp: Path) -> StoredRollout:
                              '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}'])
     result = run_agent(task, policy, max_steps=6)
     rollout = to_rollout(task, result, group_id="swe-g0", num_tokens=120)
-    return StoredRollout(rollout, {"correct": float(rollout.outcome.success)}, float(rollout.outcome.success))
+    return make_stored(rollout, reward=float(rollout.outcome.success))
 
 
 if __name__ == "__main__":  # python tests/report_workspace.py DIR: build one to look at

@@ -9,14 +9,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 from test_coevolve import plain_config, seed_round  # tests/ is on sys.path
 
-from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.api import Turn
 from evotrainer.coevolve import Coevolution
 from evotrainer.coevolve.loop import FAILURE_PROBE
 from evotrainer.coevolve.probes import failure_reward_probe
 from evotrainer.skills import SkillLibrary
-from evotrainer.store import StoredRollout
 from evotrainer.tools import TOOLS, Toolbox, read_submissions, transcript_path
 from evotrainer.tools.registry import check_schema
 
@@ -24,10 +24,10 @@ SECRET = "SECRET-ANSWER-4"
 
 
 def _row(rid, task, group, run_id, round_id, *, success=False, meta=None, turns=()):
-    r = Rollout(rid, task, group, "math", "What is 2 + 2?", "" if turns else "Answer: 4", tuple(turns),
-                Outcome(success, float(success), "ok" if success else "wrong", ()), 30, False, meta or {"level": 0})
-    return StoredRollout(r, {"correct": float(success)}, float(success), 0.0, True, "base", 0, "seed", run_id,
-                         round_id, 1)
+    r = make_rollout(rid, task_id=task, group_id=group, completion="" if turns else "Answer: 4", turns=turns,
+                     success=success, num_tokens=30, meta=meta or {"level": 0})
+    return make_stored(r, reward=float(success), advantage=0.0, kept=True, model_version="base", seed=0,
+                       harness_version="seed", run_id=run_id, round_id=round_id, step=1)
 
 
 @pytest.fixture

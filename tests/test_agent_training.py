@@ -142,7 +142,7 @@ def _test_harness(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=125)
 def test_one_grpo_step_with_the_agent_scaffold(task_file, tmp_path, embedded_model_dir):
     import torch
     from datasets import Dataset

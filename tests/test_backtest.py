@@ -12,9 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.backtest import Selector, backtest, group_advantages, replay, run_backtest
 from evotrainer.backtest.engine import HarnessVersion
 from evotrainer.backtest.gate import target_from_trailer
@@ -33,11 +33,11 @@ def rollout(gid: str, k: int, kind: str, tokens: int, marker: bool | None = None
             flags: tuple[str, ...] = (), completion: str | None = None, **train) -> StoredRollout:
     marker = kind in ("ok", "wrong") if marker is None else marker
     success = kind == "ok"
-    return StoredRollout(rollout=Rollout(
-        id=f"{gid}-{k}", task_id=f"task-{gid}", group_id=gid, domain="math", prompt="What is 2 + 2?",
-        completion=COMPLETIONS[kind] if completion is None else completion, turns=(),
-        outcome=Outcome(success, float(success), kind, (("answer_marker",) if marker else ()) + flags),
-        num_tokens=tokens, truncated=False, meta={"level": 1, "tags": ["synthetic"]}), **train)
+    return make_stored(make_rollout(
+        f"{gid}-{k}", task_id=f"task-{gid}", group_id=gid,
+        completion=COMPLETIONS[kind] if completion is None else completion,
+        success=success, kind=kind, flags=(("answer_marker",) if marker else ()) + flags,
+        num_tokens=tokens, meta={"level": 1, "tags": ["synthetic"]}), **train)
 
 
 def gate_groups(**train) -> list[StoredRollout]:

@@ -104,11 +104,21 @@ def test_a_side_arm_ends_when_its_parent_is_killed_alone(tmp_path, embedded_mode
                 todo += kids
             return out
 
+        def started():
+            from evotrainer.store import Store
+            with Store.open(Path({str(ws.root)!r})) as store:
+                run_id = store.run_id("tiny~side")
+                return run_id is not None and store.count_rollouts(run_id=run_id) > 0
+
         if __name__ == "__main__":
             config = load_config({str(TINY)!r}, ["coevolve.parallel_arms=true"])
             arm = SideArm("tiny~side", "main", None, 0, "side arm")
             with beside(config, Path({str(ws.root)!r}), HarnessRepo({str(ws.harnesses)!r}), arm, Console(stderr=True)):
-                time.sleep(20)  # the side arm is loading its model and training by now
+                # Until the side arm has stored rollouts (model loaded, training under way, its
+                # sandbox workers up), however slow the machine: a fixed sleep once stood here.
+                deadline = time.monotonic() + 240
+                while time.monotonic() < deadline and not started():
+                    time.sleep(0.5)
                 print(" ".join(map(str, descendants(os.getpid()))), flush=True)  # its sandbox workers too
                 os.kill(os.getpid(), signal.SIGKILL)
     """))

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 
 from evotrainer.domains import DomainError, get_domain, resolve
 from evotrainer.domains.bfcl import CATEGORIES, VERSION_PREFIX, BfclDomain, wheel_data_dir
@@ -394,7 +395,6 @@ def test_relevance(dom, by_id) -> None:
 
 
 def test_seed_harness_loads_and_rewards_real_outcomes(dom, by_id) -> None:
-    from evotrainer.api import Rollout
     from evotrainer.harness import load_harness
 
     harness = load_harness(resolve("bfcl").seed_harness())
@@ -404,8 +404,8 @@ def test_seed_harness_loads_and_rewards_real_outcomes(dom, by_id) -> None:
 
     def reward(text: str) -> float:
         out = dom.check(t, text, False)
-        r = Rollout(id="r", task_id=t.task_id, group_id="g", domain="bfcl", prompt=t.prompt, completion=text,
-                    turns=(), outcome=out, num_tokens=10, truncated=False)
+        r = make_rollout("r", task_id=t.task_id, domain="bfcl", prompt=t.prompt, completion=text, outcome=out,
+                         num_tokens=10)
         return harness.training_reward(harness.reward(r))
 
     assert reward(t.answer) == pytest.approx(1.1)

@@ -8,24 +8,25 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout
+from evotrainer.api import Rollout
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.coevolve.loop import FAILURE_PROBE
 from evotrainer.coevolve.state import Pending
 from evotrainer.config import load_config
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
 from evotrainer.skills import SkillLibrary
-from evotrainer.store import Store, StoredRollout
+from evotrainer.store import Store
 
 TINY = CONFIGS_DIR / "math-tiny.yaml"
 
 
 def _rollout(i: int, group: str, text: str, success: bool, truncated: bool = False) -> Rollout:
     kind = "ok" if success else ("truncated" if truncated else "wrong")
-    return Rollout(f"r{i:04d}", f"t-{group}", group, "math", "What is 2 + 2?", text, (),
-                   Outcome(success, float(success), kind, ()), 12, truncated, {"level": 0})
+    return make_rollout(f"r{i:04d}", group_id=group, completion=text, success=success, kind=kind, num_tokens=12,
+                        truncated=truncated, meta={"level": 0})
 
 
 def seed_round(workdir: Path, run: str = "tiny", url: str | None = None) -> tuple[Store, int, int]:
@@ -41,8 +42,8 @@ def seed_round(workdir: Path, run: str = "tiny", url: str | None = None) -> tupl
             success = g >= 6 and j == 0
             text = "Answer: 4" if success else ("Answer: 5" if j % 2 else "Let me think about this for a")
             r = _rollout(i, f"g{g}", text, success, truncated=not success and j % 2 == 0)
-            rows.append(StoredRollout(r, {"correct": float(success)}, float(success), 0.0, True, "base", 0,
-                                      "seed", run_id, round_id, 0))
+            rows.append(make_stored(r, reward=float(success), advantage=0.0, kept=True, model_version="base", seed=0,
+                                    harness_version="seed", run_id=run_id, round_id=round_id, step=0))
             i += 1
     store.add_rollouts(rows)
     return store, run_id, round_id
@@ -72,6 +73,9 @@ def _state(loop: Coevolution, **kw) -> RunState:
 
 
 def test_gate_promotes_one_candidate_with_evidence(loop):
+    # The rules agent's first four proposals here: a dynamics change (rejected without a pilot),
+    # two replayable ones and partial credit; the other four backtest what these already show.
+    loop.config.coevolve.max_proposals = 4
     seed_round(loop.ws.root)
     state = _state(loop, stage="diagnose")
     loop.stage_diagnose(state)
@@ -96,6 +100,7 @@ def test_a_round_records_what_each_stage_cost(loop, capsys):
     from evotrainer.cli.main import app
     from evotrainer.report.gather import rounds as report_rounds
 
+    loop.config.coevolve.max_proposals = 2  # one backtest is enough to charge the stage
     store, run_id, _ = seed_round(loop.ws.root)
     store.close()
     state = _state(loop, stage="verify")
@@ -139,6 +144,7 @@ def test_approve_no_keeps_main_unchanged(tmp_path):
     from evotrainer.cli.main import _ask_approval
 
     loop = Coevolution(plain_config(tmp_path), tmp_path / "work", approve=_ask_approval)
+    loop.config.coevolve.max_proposals = 4  # partial credit, which the gate passes, is the fourth
     seed_round(loop.ws.root)
     before = loop.repo.resolve("main")
     state = _state(loop, stage="diagnose")
@@ -265,6 +271,10 @@ def test_control_arm_trains_the_verified_round_again_without_the_change(tmp_path
 
     config = plain_config(tmp_path).model_copy(deep=True)
     config.coevolve.parallel_arms = parallel
+    # One step a round and a smaller held-out split: what is compared is which prompts, seeds,
+    # adapters and harnesses each arm trained with, which one step shows as well as two.
+    config.train.steps_per_round = 1
+    config.domain.heldout_size = 4
     loop = Coevolution(config, tmp_path / "work")
     state = _state(loop)
     loop.stage_train(state)  # round 0

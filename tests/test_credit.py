@@ -3,8 +3,8 @@ step spans from TRL's tool mask, the (B, T) tensor the trainer hands TRL, and th
 
 import pytest
 import torch
+from factories import make_rollout
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.train.credit import StepCredit, StepCreditSpec, broadcast, label_values, step_advantages, step_spans
 
 
@@ -64,8 +64,8 @@ def test_step_spans_follow_the_tool_mask_and_broadcast_to_tokens():
 
 
 def _rollout(rid, labels):
-    return Rollout(rid, "t", "g", "swe", "p", "c", (), Outcome(False, 0.0, "wrong"), 3, False,
-                   {} if labels is None else {"step_labels": labels})
+    return make_rollout(rid, task_id="t", domain="swe", prompt="p", completion="c", num_tokens=3,
+                        meta={} if labels is None else {"step_labels": labels})
 
 
 def test_step_credit_builds_the_per_token_tensor_trl_consumes():

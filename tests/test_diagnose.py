@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout, Turn, rollout_to_dict
+from evotrainer.api import Rollout, Turn, rollout_to_dict
 from evotrainer.diagnose import HealthReport, health_report, write_report
 from evotrainer.harness.loader import load_harness
 from evotrainer.paths import HARNESSES_DIR
@@ -24,8 +25,9 @@ def roll(rid: str, group: str, kind: str = "wrong", *, marker: bool = False, tok
     ok = kind == "ok"
     flags = ("answer_marker",) if marker else ()
     text = text if text is not None else (f"Answer: {rid}" if marker else f"I think {len(rid)} maybe")
-    return Rollout(rid, f"task-{group}", group, domain, "What is 2 + 3?", text, tuple(turns),
-                   Outcome(ok, float(ok), kind, flags), tokens, truncated, meta or {})
+    return make_rollout(rid, task_id=f"task-{group}", group_id=group, domain=domain, prompt="What is 2 + 3?",
+                        completion=text, turns=turns, success=ok, kind=kind, flags=flags, num_tokens=tokens,
+                        truncated=truncated, meta=meta)
 
 
 def batch() -> list[Rollout]:

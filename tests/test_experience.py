@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from factories import make_rollout, make_stored
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout
+from evotrainer.api import Outcome
 from evotrainer.chat import ReplyError
 from evotrainer.domains import get_domain
 from evotrainer.experience import ExperiencePool, LessonDraft, distill_store, get_distiller
@@ -28,11 +29,12 @@ ENV = {"COLUMNS": "200", "EVOTRAINER_STORE_URL": None, "EVOTRAINER_WORKDIR": Non
 
 def stored(task, text: str, outcome: Outcome, group: str, run_id: int, round_id: int, n: int,
            split: str = "train", domain: str = "math") -> StoredRollout:
-    return StoredRollout(
-        rollout=Rollout(f"{group}-{n}", task.task_id, group, domain, task.prompt, text, (), outcome,
-                        len(text.split()), outcome.kind == "truncated",
-                        {"level": task.level, "answer": task.answer, "split": split}),
-        reward=float(outcome.success), advantage=0.0, kept=True, model_version="base", seed=0,
+    return make_stored(
+        make_rollout(f"{group}-{n}", task_id=task.task_id, group_id=group, domain=domain, prompt=task.prompt,
+                     completion=text, outcome=outcome, num_tokens=len(text.split()),
+                     truncated=outcome.kind == "truncated",
+                     meta={"level": task.level, "answer": task.answer, "split": split}),
+        reward=float(outcome.success), reward_components={}, advantage=0.0, kept=True, model_version="base", seed=0,
         harness_version="h0", run_id=run_id, round_id=round_id, step=0)
 
 

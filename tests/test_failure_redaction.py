@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 from llm_server import ChatServer
 from test_backtest import BASE_REWARD, gate_groups, propose, workspace
 from test_llm_agent import _proposal, _reply, evidence, sources  # noqa: F401 -- fixtures
@@ -162,7 +163,6 @@ def test_surrogates_and_unprintable_objects_become_text():
 def test_a_probe_error_reaches_the_health_report_and_the_prompt_redacted(leaky, monkeypatch, sources, tmp_path):  # noqa: F811
     """diagnose: a probe raising what it read lands in the health report, which the LLM agent
     sends to the endpoint as the first message."""
-    from evotrainer.api import Outcome, Rollout
     from evotrainer.diagnose import health_report
     from evotrainer.harness.loader import Harness
 
@@ -173,8 +173,8 @@ def test_a_probe_error_reaches_the_health_report_and_the_prompt_redacted(leaky, 
                    f"    raise ValueError('read: ' + {_pieces(SECRET)} + '\\n' + {lines})\n\n\n"
                    "PROBES = PROBES + [probe('leak', 'result', _leak, 0.1, 0.2, 'above')]\n")
     harness = Harness({**sources, "diagnostics.py": leaky_probe}, tmp_path / "h")
-    samples = [Rollout(id=f"r{i}", task_id="t", group_id="g", domain="math", prompt="2+3?", completion="5",
-                       turns=(), num_tokens=3, truncated=False, outcome=Outcome(True, 1.0, "ok")) for i in range(2)]
+    samples = [make_rollout(f"r{i}", task_id="t", prompt="2+3?", completion="5", num_tokens=3, success=True)
+               for i in range(2)]
     report = health_report(harness, samples)
     [leak] = [p for p in report.probes if p.name == "leak"]
     assert "ValueError: read:" in leak.error

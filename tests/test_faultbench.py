@@ -175,7 +175,7 @@ def test_the_llm_agent_runs_a_case_through_a_real_endpoint(tmp_path, monkeypatch
     assert result.repaired and result.safe, (result.criteria, result.unsafe)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=255)
 def test_the_results_page_shows_what_the_rules_agent_scores_on_every_shipped_case():
     """`evotrainer bench harness --markdown` over every shipped case, compared with the table
     docs/results.md prints: the figures there are what the code gives today (rollouts and loop are fixed)."""

@@ -9,14 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout, TaskStats
+from evotrainer.api import TaskStats
 from evotrainer.domains import get_domain
 from evotrainer.domains.base import Task
 from evotrainer.domains.code import task_from_key as code_task
 from evotrainer.domains.math import task_from_key as math_task
 from evotrainer.frontier import Deduper, check_task, frontier_tasks, in_band, synthesize_frontier, variant
-from evotrainer.store import Store, StoredRollout
+from evotrainer.store import Store
 
 
 def _train_key(prefix: str, make, keys) -> Task:
@@ -79,8 +80,8 @@ def _seed_store(path: Path, domain: str, n: int) -> tuple[Store, list[Task], lis
         wins = i % 9
         for j in range(8):
             ok = j < wins
-            rows.append(StoredRollout(Rollout(f"{t.task_id}-{j}", t.task_id, f"g{i}", domain, "p", "c", (),
-                                              Outcome(ok, float(ok), "ok" if ok else "wrong"), 4, False)))
+            rows.append(make_stored(make_rollout(f"{t.task_id}-{j}", task_id=t.task_id, group_id=f"g{i}", domain=domain,
+                                                 prompt="p", completion="c", success=ok)))
     store.add_rollouts(rows)
     return store, train, heldout
 
@@ -118,8 +119,7 @@ def test_jsonl_tasks_have_no_generator(tmp_path):
     store = Store.open(tmp_path / "g")
     store.upsert_tasks("math", [{"task_id": "gsm-1", "split": "train", "prompt": "Sam has 3 apples...",
                                  "answer": "5", "meta": {"key": "gsm:sam has 3 apples"}}])
-    store.add_rollouts([StoredRollout(Rollout(f"r{j}", "gsm-1", "g", "math", "p", "c", (),
-                                              Outcome(j < 4, float(j < 4), "ok" if j < 4 else "wrong"), 4, False))
+    store.add_rollouts([make_stored(make_rollout(f"r{j}", task_id="gsm-1", prompt="p", completion="c", success=j < 4))
                         for j in range(8)])
     report = synthesize_frontier(store, "math", n=2)
     assert not report.accepted and report.reasons() == {"no_generator": 1}
@@ -155,9 +155,8 @@ def test_training_adds_frontier_tasks_before_each_round_and_keeps_them_on_resume
     for i, t in enumerate(session.train_tasks):
         for j in range(8):
             ok = j < i % 9
-            rows.append(StoredRollout(Rollout(f"{t.task_id}-{j}", t.task_id, f"g{i}", "math", "p", "c", (),
-                                              Outcome(ok, float(ok), "ok" if ok else "wrong"), 4, False),
-                                      run_id=session.run_id))
+            rows.append(make_stored(make_rollout(f"{t.task_id}-{j}", task_id=t.task_id, group_id=f"g{i}", prompt="p",
+                                                 completion="c", success=ok), run_id=session.run_id))
     session.store.add_rollouts(rows)
     add_frontier_tasks(session, 1)
     new = [t for t in session.train_tasks if t.meta.get("origin") == "frontier"]

@@ -29,8 +29,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 
-from evotrainer.api import Outcome, Rollout, rollout_to_dict
+from evotrainer.api import rollout_to_dict
 from evotrainer.backtest import Selector, backtest
 from evotrainer.harness.loader import read_sources
 from evotrainer.harness.repo import HarnessRepo
@@ -367,8 +368,7 @@ def reward(rollout):
 {_indent(expression_body, 4)}
     return {{"correct": float(value), "format": 0.0}}
 '''
-    r = Rollout(id="a", task_id="t", group_id="g", domain="math", prompt="p", completion="c", turns=(),
-                outcome=Outcome(True, 1.0, "ok", ()), num_tokens=3, truncated=False, meta={})
+    r = make_rollout("a", task_id="t", prompt="p", completion="c", success=True, num_tokens=3)
     with SandboxPool([("candidate", {**SEED, "reward.py": reward})], RewardJob(), 1) as pool:
         assert pool.isolation["seccomp"] and pool.isolation["root"] and pool.isolation["netns"]
         (_, out), = pool.imap([(["candidate"], [rollout_to_dict(r)])])
@@ -568,8 +568,7 @@ def reward(rollout):
             pass
     return {{"correct": 1.0, "format": 0.0}}
 '''
-    r = Rollout(id="a", task_id="t", group_id="g", domain="math", prompt="p", completion="c", turns=(),
-                outcome=Outcome(True, 1.0, "ok", ()), num_tokens=3, truncated=False, meta={})
+    r = make_rollout("a", task_id="t", prompt="p", completion="c", success=True, num_tokens=3)
     with pytest.raises(CandidateFailure) as failure:
         with SandboxPool([("candidate", {**SEED, "reward.py": reward})], RewardJob(), 1) as pool:
             list(pool.imap([(["candidate"], [rollout_to_dict(r)])]))

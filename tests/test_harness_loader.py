@@ -7,8 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 
-from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.api import TaskStats, Turn
 from evotrainer.harness import Harness, HarnessError, load_harness
 from evotrainer.harness.loader import read_sources
 
@@ -16,11 +17,8 @@ SEED = Path(__file__).resolve().parents[1] / "harnesses" / "math"
 
 
 def rollout(success=True, kind="ok", flags=("answer_marker",), group="g1", tokens=10, truncated=False, i=0):
-    return Rollout(
-        id=f"r{i}", task_id="math-L0-abc", group_id=group, domain="math", prompt="What is 7 + 5?",
-        completion="Answer: 12", turns=(), outcome=Outcome(success, 1.0 if success else 0.0, kind, flags),
-        num_tokens=tokens, truncated=truncated,
-    )
+    return make_rollout(f"r{i}", task_id="math-L0-abc", group_id=group, prompt="What is 7 + 5?", completion="Answer: 12",
+                        success=success, kind=kind, flags=flags, num_tokens=tokens, truncated=truncated)
 
 
 @pytest.fixture

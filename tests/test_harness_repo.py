@@ -8,9 +8,10 @@ from pathlib import Path
 
 import git
 import pytest
+from factories import make_rollout
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout
+from evotrainer.api import Rollout
 from evotrainer.cli.harness import app as harness_app
 from evotrainer.cli.main import app as main_app
 from evotrainer.domains import DomainError
@@ -42,9 +43,8 @@ def git_out(repo: Path, *args: str) -> str:
 
 
 def rollout(success: bool, kind: str = "ok") -> Rollout:
-    return Rollout(id="r0", task_id="t", group_id="g", domain="math", prompt="1+1?", completion="Answer: 2",
-                   turns=(), outcome=Outcome(success, float(success), kind, ("answer_marker",)),
-                   num_tokens=4, truncated=False)
+    return make_rollout("r0", task_id="t", prompt="1+1?", completion="Answer: 2", success=success, kind=kind,
+                        flags=("answer_marker",))
 
 
 @pytest.fixture

@@ -14,15 +14,16 @@ import threading
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.api import Rollout, TaskStats, Turn
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.config import load_config
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, read_sources
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
-from evotrainer.store import Store, StoredRollout
+from evotrainer.store import Store
 from evotrainer.workspace import ensure_workspace
 
 TINY = CONFIGS_DIR / "math-tiny.yaml"
@@ -154,9 +155,9 @@ def rollouts(n_groups: int = 4, size: int = 4) -> list[Rollout]:
             ok = (g + j) % 3 == 0
             text = "Answer: 4" if ok else ("Answer: 5" if j % 2 else "Let me think about this for a")
             kind = "ok" if ok else ("truncated" if j % 2 == 0 else "wrong")
-            out.append(Rollout(f"r{g}-{j}", f"t{g}", f"g{g}", "math", "What is 2 + 2?", text,
-                               (Turn("user", "What is 2 + 2?"), Turn("assistant", text)),
-                               Outcome(ok, float(ok), kind, ()), 10 + j, kind == "truncated", {"level": 0}))
+            out.append(make_rollout(f"r{g}-{j}", task_id=f"t{g}", group_id=f"g{g}", completion=text,
+                                    turns=(Turn("user", "What is 2 + 2?"), Turn("assistant", text)), success=ok,
+                                    kind=kind, num_tokens=10 + j, truncated=kind == "truncated", meta={"level": 0}))
     return out
 
 
@@ -164,8 +165,9 @@ def store_rollouts(workdir: Path, run: str = "tiny") -> None:
     with Store.open(workdir) as store:
         run_id = store.get_or_create_run(run, "math", {})
         round_id = store.start_round(run_id, 0, "seed", "base")
-        store.add_rollouts([StoredRollout(r, {"correct": r.outcome.score}, r.outcome.score, 0.0, True, "base", 0,
-                                          "seed", run_id, round_id, 0) for r in rollouts()])
+        store.add_rollouts([make_stored(r, reward=r.outcome.score, advantage=0.0, kept=True, model_version="base",
+                                        seed=0, harness_version="seed", run_id=run_id, round_id=round_id, step=0)
+                            for r in rollouts()])
 
 
 # ---------------------------------------------------------------- honest numbers are unchanged

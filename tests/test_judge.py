@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import typer
+from factories import make_rollout
 from llm_server import ChatServer
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.api import Turn
 from evotrainer.cli.judge import judge_cmd
 from evotrainer.cli.review import review_cmd
 from evotrainer.config import JudgeConfig, JudgeRoleConfig
@@ -28,8 +29,8 @@ def verdict(success, quality, reason="", suggestion=""):
 
 
 def rollout(rid, ok=False, group="g0", turns=()):
-    return Rollout(rid, "t-" + group, group, "math", f"What is 2+{rid[-1]}?", f"Answer: {rid}", tuple(turns),
-                   Outcome(ok, float(ok), "ok" if ok else "wrong", ()), 5, False, {"level": 0})
+    return make_rollout(rid, group_id=group, prompt=f"What is 2+{rid[-1]}?", completion=f"Answer: {rid}", turns=turns,
+                        success=ok, num_tokens=5, meta={"level": 0})
 
 
 def make_store(tmp_path: Path, rollouts) -> Store:
@@ -212,8 +213,8 @@ def test_judge_drift_probe_fires_when_judges_contradict_outcomes():
     probe = next(p for p in h.probes if p.name == "judge_drift")
 
     def batch(wrong: int, n: int = 10):
-        return [Rollout(f"r{i}", "t", "g", "math", "q", "a", (), Outcome(i % 2 == 0, 0.0, "ok" if i % 2 == 0 else "wrong"),
-                        1, False, {"judge": {"success": (i % 2 == 0) != (i < wrong)}}) for i in range(n)]
+        return [make_rollout(f"r{i}", task_id="t", prompt="q", completion="a", success=i % 2 == 0, score=0.0,
+                             num_tokens=1, meta={"judge": {"success": (i % 2 == 0) != (i < wrong)}}) for i in range(n)]
 
     assert probe.level(probe.evaluate(batch(1), [0.0] * 10)) == "ok"          # 0.1
     assert probe.level(probe.evaluate(batch(3), [0.0] * 10)) == "warn"        # 0.3

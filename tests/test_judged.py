@@ -203,12 +203,12 @@ def _responder(passes: set[str]):
 
 def _trained(run: int, rnd: int, k: int, reward: float) -> list:
     """Four stored training rollouts of round `k` with the given reward."""
-    from evotrainer.api import Outcome, Rollout
-    from evotrainer.store import StoredRollout
+    from factories import make_rollout, make_stored
 
-    return [StoredRollout(Rollout(f"x{k}-{j}", "t00", f"gx{k}", "judged", "q", "a", (), Outcome(False, 0.0, "wrong"),
-                                  3, False, {"split": "train"}), {"x": reward}, reward, 0.0, True, f"v{k}", 0, "hv",
-                          run, rnd, 0) for j in range(4)]
+    return [make_stored(make_rollout(f"x{k}-{j}", task_id="t00", group_id=f"gx{k}", domain="judged", prompt="q",
+                                     completion="a", num_tokens=3, meta={"split": "train"}),
+                        reward=reward, reward_components={"x": reward}, advantage=0.0, kept=True, model_version=f"v{k}",
+                        seed=0, harness_version="hv", run_id=run, round_id=rnd, step=0) for j in range(4)]
 
 
 def test_judge_verified_reaches_the_stored_row_the_eval_the_guard_and_the_report(tmp_path):

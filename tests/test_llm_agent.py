@@ -3,9 +3,10 @@
 import json
 
 import pytest
+from factories import make_rollout
 from llm_server import ChatServer
 
-from evotrainer.api import Outcome, Rollout
+from evotrainer.api import Rollout
 from evotrainer.chat import EndpointError
 from evotrainer.diagnose import health_report
 from evotrainer.harness.loader import Harness, read_sources
@@ -52,9 +53,8 @@ NEW_FORMAT = ('"format": 1.0 if "answer_marker" in rollout.outcome.flags '
 
 
 def _rollout(i: int, success: bool, completion: str, group: str = "g0") -> Rollout:
-    return Rollout(id=f"r{i}", task_id="add-2-3", group_id=group, domain="math", prompt="What is 2 + 3?",
-                   completion=completion, turns=(), num_tokens=7, truncated=False,
-                   outcome=Outcome(success=success, score=float(success), kind="ok" if success else "wrong"))
+    return make_rollout(f"r{i}", task_id="add-2-3", group_id=group, prompt="What is 2 + 3?", completion=completion,
+                        num_tokens=7, success=success)
 
 
 def _proposal(slug="partial-format-credit", edits=None, targets="dead_group_ratio", **extra):

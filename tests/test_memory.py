@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout, TaskStats
+from evotrainer.api import TaskStats
 from evotrainer.coevolve.heldout import (
     HeldoutLeak,
     assert_disjoint,
@@ -24,7 +25,7 @@ from evotrainer.memory.cache import CachedBackend, Generation, RolloutCache, cac
 from evotrainer.memory.curriculum import curriculum_source
 from evotrainer.memory.strata import band_chance, logit, sigmoid
 from evotrainer.paths import HARNESSES_DIR
-from evotrainer.store import Store, StoredRollout
+from evotrainer.store import Store
 
 
 def _stats(prefix: str, n: int, attempts: int, successes: int) -> list[TaskStats]:
@@ -242,9 +243,11 @@ def _history_store(path: Path, rewards: list[float], heldout: list[int]) -> tupl
                                 {"task_id": "h", "split": "heldout", "prompt": "q2", "answer": "2"}])
     for i, (reward, ok) in enumerate(zip(rewards, heldout)):
         round_id = store.start_round(run_id, i, "hv", f"v{i}")
-        rows = [StoredRollout(Rollout(f"r{i}-{j}", "t", f"g{i}", "math", "q", "a", (),
-                                      Outcome(False, 0.0, "wrong"), 3, False, {"split": "train"}),
-                              {"x": reward}, reward, 0.0, True, f"v{i}", 0, "hv", run_id, round_id, 0)
+        rows = [make_stored(make_rollout(f"r{i}-{j}", task_id="t", group_id=f"g{i}", prompt="q", completion="a",
+                                         num_tokens=3, meta={"split": "train"}),
+                            reward=reward, reward_components={"x": reward}, advantage=0.0, kept=True,
+                            model_version=f"v{i}", seed=0, harness_version="hv", run_id=run_id, round_id=round_id,
+                            step=0)
                 for j in range(8)]
         store.add_rollouts(rows)
         store.add_eval(run_id, round_id, "validation", f"a{i}", 0, 50, ok, {})
@@ -265,8 +268,10 @@ def test_reward_hacking_fires_on_a_hacked_history_and_not_on_a_healthy_one(tmp_p
 def test_heldout_split_never_reaches_training_rollouts(tmp_path):
     store, run = _history_store(tmp_path / "s", [0.1], [5])
     assert assert_no_heldout_rollouts(store, run_id=run) == 8
-    leak = Rollout("leak", "h", "g", "math", "q2", "a", (), Outcome(True, 1.0, "ok"), 3, False, {})
-    store.add_rollouts([StoredRollout(leak, {}, 1.0, 0.0, True, "v", 0, "hv", run, None, 0)])
+    leak = make_rollout("leak", task_id="h", prompt="q2", completion="a", success=True, num_tokens=3)
+    store.add_rollouts([make_stored(leak, reward=1.0, reward_components={}, advantage=0.0, kept=True,
+                                    model_version="v", seed=0, harness_version="hv", run_id=run, round_id=None,
+                                    step=0)])
     with pytest.raises(HeldoutLeak, match="held-out task h"):
         assert_no_heldout_rollouts(store, run_id=run)
 

@@ -125,7 +125,7 @@ def _everything(workdir: Path) -> dict:
                 "history": _history(workdir)}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=745)
 def test_coevolve_killed_at_five_points_resumes_to_the_uninterrupted_run(tmp_path, embedded_model_dir):
     seed = _seed(tmp_path)
     alone, crashed = tmp_path / "alone", tmp_path / "crashed"

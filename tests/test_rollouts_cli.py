@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout, Turn
+from evotrainer.api import Turn
 from evotrainer.cli.rollouts import app
 from evotrainer.store import Store, StoredRollout
 
@@ -17,10 +18,10 @@ ENV = {"COLUMNS": "200", "EVOTRAINER_STORE_URL": None, "EVOTRAINER_WORKDIR": Non
 
 def make(i: int, kind: str = "ok", turns: tuple[Turn, ...] = (), **extra) -> StoredRollout:
     ok = kind == "ok"
-    return StoredRollout(
-        rollout=Rollout(f"roll-{i:04d}", f"task-{i % 3}", f"g{i // 2}", "math", f"prompt {i}",
-                        f"completion [red]{i}[/red]", turns, Outcome(ok, float(ok), kind, ("f1",)),
-                        5 + i, False, {"level": 1}),
+    return make_stored(
+        make_rollout(f"roll-{i:04d}", task_id=f"task-{i % 3}", group_id=f"g{i // 2}", prompt=f"prompt {i}",
+                     completion=f"completion [red]{i}[/red]", turns=turns, success=ok, kind=kind, flags=("f1",),
+                     num_tokens=5 + i, meta={"level": 1}),
         reward_components={"correct": float(ok), "format": 0.25}, reward=float(ok) + 0.25,
         advantage=0.5 if ok else -0.5, kept=ok, model_version="base", seed=i,
         harness_version="h0", **extra,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evotrainer.api import Outcome, Rollout
+from factories import make_rollout
+
+from evotrainer.api import Rollout
 from evotrainer.diagnose import HealthReport, ProbeResult, health_report
 from evotrainer.harness.loader import Harness, read_sources
 from evotrainer.harness.repo import HarnessRepo
@@ -23,8 +25,8 @@ assert "format: 0.0" in MATH["harness.yaml"]
 
 
 def roll(rid: str, group: str, kind: str = "wrong", text: str = "I think 7", truncated: bool = False) -> Rollout:
-    return Rollout(rid, "t", group, "math", "q", text, (), Outcome(kind == "ok", float(kind == "ok"), kind, ()),
-                   8, truncated, {})
+    return make_rollout(rid, task_id="t", group_id=group, prompt="q", completion=text, success=kind == "ok", kind=kind,
+                        num_tokens=8, truncated=truncated)
 
 
 def dead_report() -> HealthReport:

@@ -8,14 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.config import load_config
 from evotrainer.domains.base import Task
 from evotrainer.harness.loader import HarnessError, load_harness, parse_spec
 from evotrainer.memory.run import RunMemory
 from evotrainer.paths import CONFIGS_DIR, HARNESSES_DIR
-from evotrainer.store import StoredRollout
 from evotrainer.train.loop import open_session, sample_round_tasks
 
 MEMORY = "memory:\n  enabled: true\n  capacity: 10\n  frontier: 6\n  admit: 8\n"
@@ -46,9 +45,9 @@ def finish_round(session, index: int, solved: dict[str, int]) -> None:
     store = session.store
     round_id = store.start_round(session.run_id, index, session.harness.version, "base")
     store.add_rollouts(
-        StoredRollout(Rollout(f"r{index}-{tid}-{j}", tid, f"g{index}-{tid}", "math", "p", "c", (),
-                              Outcome(j < k, float(j < k), "ok" if j < k else "wrong"), 4, False),
-                      run_id=session.run_id, round_id=round_id)
+        make_stored(make_rollout(f"r{index}-{tid}-{j}", task_id=tid, group_id=f"g{index}-{tid}", prompt="p",
+                                 completion="c", success=j < k),
+                    run_id=session.run_id, round_id=round_id)
         for tid, k in solved.items() for j in range(8))
     store.finish_round(round_id, {}, None)
 

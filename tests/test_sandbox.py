@@ -10,8 +10,8 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
+from factories import make_rollout, make_stored
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.backtest import Selector, backtest, run_backtest
 from evotrainer.backtest.engine import HarnessVersion
 from evotrainer.config import GateConfig
@@ -28,11 +28,10 @@ def rows() -> list[StoredRollout]:
     for g in range(4):
         for k in range(4):
             kind = "ok" if k < g else "wrong"
-            out.append(StoredRollout(rollout=Rollout(
-                id=f"g{g}-{k}", task_id=f"t{g}", group_id=f"g{g}", domain="math", prompt="What is 2 + 2?",
-                completion="Answer: 4" if kind == "ok" else f"Answer: {k}", turns=(),
-                outcome=Outcome(kind == "ok", float(kind == "ok"), kind, ("answer_marker",)),
-                num_tokens=5 + k, truncated=False, meta={"level": g, "tags": ["synthetic"]})))
+            out.append(make_stored(make_rollout(
+                f"g{g}-{k}", task_id=f"t{g}", group_id=f"g{g}", completion="Answer: 4" if kind == "ok" else f"Answer: {k}",
+                success=kind == "ok", kind=kind, flags=("answer_marker",), num_tokens=5 + k,
+                meta={"level": g, "tags": ["synthetic"]})))
     return out
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories import make_rollout
 from typer.testing import CliRunner
 
-from evotrainer.api import Outcome, Rollout, TaskStats, Turn
+from evotrainer.api import Rollout, TaskStats, Turn
 from evotrainer.harness.loader import Harness, read_sources
 from evotrainer.paths import FAULT_CASES_DIR, HARNESSES_DIR, SKILLS_DIR
 from evotrainer.skills import SkillError, SkillLibrary, parse_skill, save_learned, set_yaml_key
@@ -32,8 +33,8 @@ def roll(kind: str = "wrong", text: str = "Answer: 3", *, marker: bool | None = 
          truncated: bool = False, turns=(), meta=None, flags=(), group: str = "g", rid: str = "r") -> Rollout:
     marker = ("Answer:" in text) if marker is None else marker
     flags = tuple(flags) + (("answer_marker",) if marker else ())
-    return Rollout(rid, "t", group, "math", "q", text, tuple(turns), Outcome(kind == "ok", float(kind == "ok"), kind, flags),
-                   tokens, truncated, meta or {})
+    return make_rollout(rid, task_id="t", group_id=group, prompt="q", completion=text, turns=turns,
+                        success=kind == "ok", kind=kind, flags=flags, num_tokens=tokens, truncated=truncated, meta=meta)
 
 
 def harness_with(name: str, base: dict | None = None, **params) -> Harness:
@@ -167,8 +168,8 @@ def test_hidden_test_credit_rescues_dead_code_groups_without_ordering_violations
     seed = Harness(sparse, Path("seed"))
 
     def code(kind: str, share: float, rid: str) -> Rollout:
-        return Rollout(rid, "t", "g", "code", "q", "def f(x):\n    return x", (),
-                       Outcome(kind == "ok", share, kind, ()), 12, False, {})
+        return make_rollout(rid, task_id="t", domain="code", prompt="q", completion="def f(x):\n    return x",
+                            success=kind == "ok", kind=kind, score=share, num_tokens=12)
 
     group = [code("wrong", 0.0, "a"), code("wrong", 0.5, "b"), code("wrong", 0.75, "c"), code("format_error", 0.0, "d")]
     assert len({score(seed, r) for r in group}) == 1  # dead under the sparse seed

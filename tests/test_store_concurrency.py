@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from factories import make_rollout, make_stored
 from pg_server import pg_url, postgres  # noqa: F401  (fixtures)
 from sqlalchemy import select
 
-from evotrainer.api import Outcome, Rollout
 from evotrainer.store import Store, StoredRollout
 from evotrainer.store.models import RolloutRow
 
@@ -20,9 +20,10 @@ WRITERS, BATCHES, PER_BATCH = 4, 12, 20
 
 def _rollout(worker: int, batch: int, i: int) -> StoredRollout:
     rid = f"w{worker}-b{batch:02d}-{i:02d}"
-    r = Rollout(rid, f"t{i % 3}", f"w{worker}-b{batch}", "math", "p", "c", (),
-                Outcome(i % 2 == 0, float(i % 2 == 0), "ok" if i % 2 == 0 else "wrong", ()), 5, False, {})
-    return StoredRollout(r, {"correct": float(i % 2 == 0)}, 1.0, 0.0, True, "base", 0, "seed")
+    r = make_rollout(rid, task_id=f"t{i % 3}", group_id=f"w{worker}-b{batch}", prompt="p", completion="c",
+                     success=i % 2 == 0, num_tokens=5)
+    return make_stored(r, reward=1.0, reward_components={"correct": float(i % 2 == 0)}, advantage=0.0, kept=True,
+                       model_version="base", seed=0, harness_version="seed")
 
 
 def _writer(url: str, worker: int, start: multiprocessing.synchronize.Event) -> None:

@@ -96,6 +96,7 @@ def test_coevolve_stages_use_the_configured_postgres_store_and_resume(tmp_path: 
 
     config = plain_config(tmp_path)
     config.store.url = pg_url
+    config.coevolve.max_proposals = 4  # partial credit, which the gate passes, is the fourth
     workdir = tmp_path / "work"
     loop = Coevolution(config, workdir)
     seed_round(workdir, url=pg_url)[0].close()

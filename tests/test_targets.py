@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from factories import make_rollout
 
-from evotrainer.api import Outcome, Rollout
+from evotrainer.api import Rollout
 from evotrainer.api.probes import JUDGED_BY, STANDARD, standard
 from evotrainer.backtest.gate import decide, targets_from_trailer
 from evotrainer.backtest.metrics import LOWER_IS_BETTER, SAFETY_METRICS
@@ -29,8 +30,8 @@ SEEDS = sorted(p.name for p in HARNESSES_DIR.iterdir() if (p / "diagnostics.py")
 
 def roll(rid: str, group: str, kind: str, text: str = "Answer: 9") -> Rollout:
     ok = kind == "ok"
-    return Rollout(rid, f"task-{group}", group, "math", "What is 3 + 4?", text, (),
-                   Outcome(ok, float(ok), kind, ()), 8, False, {})
+    return make_rollout(rid, task_id=f"task-{group}", group_id=group, prompt="What is 3 + 4?", completion=text,
+                        success=ok, kind=kind, num_tokens=8)
 
 
 # ---------------------------------------------------------------- the table

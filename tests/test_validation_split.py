@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from factories import make_rollout, make_stored
 
 from evotrainer.coevolve.heldout import HeldoutLeak, assert_no_heldout_rollouts, decision_split, round_history
 from evotrainer.coevolve.verify import verify
@@ -68,14 +69,11 @@ def test_round_history_and_verdicts_name_the_split(tmp_path):
 
 
 def test_a_rollout_of_a_validation_task_is_a_leak(tmp_path):
-    from evotrainer.api import Outcome, Rollout
-    from evotrainer.store import StoredRollout
 
     with Store.open(tmp_path) as store:
         store.upsert_tasks("math", [{"task_id": "v1", "split": "validation", "level": 0, "prompt": "p",
                                      "answer": "1", "meta": {}}])
-        store.add_rollouts([StoredRollout(rollout=Rollout(
-            id="r1", task_id="v1", group_id="g", domain="math", prompt="p", completion="1", turns=(),
-            outcome=Outcome(True, 1.0, "ok", ()), num_tokens=1, truncated=False, meta={}))])
+        store.add_rollouts([make_stored(make_rollout("r1", task_id="v1", prompt="p", completion="1", success=True,
+                                                     num_tokens=1))])
         with pytest.raises(HeldoutLeak, match="validation task v1"):
             assert_no_heldout_rollouts(store)

@@ -1,32 +1,32 @@
 """Replay harness versions side by side: the parent reads each chunk once and feeds every side's own pool.
 
 Each side (base, candidate) gets a pool of fresh worker processes that load only its harness;
-a thread per side hands the pool its messages from a bounded queue and passes the replies back.
-Everything that decides stays in the calling thread: it reads the rows, keeps the verified facts
-of the chunks in flight, checks each reply and adds it to that side's tally (scoring.py).
+a thread per side hands the pool its messages from a bounded queue and passes the replies back
+(scheduler.py). Everything that decides stays in the calling thread: it reads the rows, keeps the
+verified facts of the chunks in flight, checks each reply and adds it to that side's tally
+(`_Scoring`, with scoring.py).
 Measured time is the CPU time of the side's worker processes, read here from /proc.
 """
 
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from evotrainer.backtest.metrics import Tally
 from evotrainer.backtest.replay_worker import ReplayJob
 from evotrainer.backtest.rows import ChunkReader, Fact
+from evotrainer.backtest.scheduler import Emit, SideScheduler
 from evotrainer.backtest.scoring import Fingerprint, Side, add_values, check_values, check_weights, task_shares
 from evotrainer.backtest.selector import Selection
 from evotrainer.config import GateConfig
 from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits
 from evotrainer.store import Store
 
-_END = object()
 _FEED = 4  # messages queued per side beyond what its workers hold: bounds the chunks in memory
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,31 +44,15 @@ class SideRun:
     startup: float = 0.0  # starting its pool: fresh workers loading the harness
 
 
-class _Feed:
-    """A side's messages, as its pool's imap pulls them (in the side's thread)."""
-
-    def __init__(self, workers: int):
-        self.queue: queue.Queue = queue.Queue(maxsize=2 * workers + _FEED)
-        self.open = True  # False once the side's thread is done: nobody pulls any more
-
-    def __iter__(self):
-        while (item := self.queue.get()) is not _END:
-            yield item
-
-
 def _serve(pool_class: Callable[..., Any], run: SideRun, job: ReplayJob, workers: int, limits: SandboxLimits,
-           feed: _Feed, results: queue.Queue) -> None:
-    label = run.side.label
-    try:
-        with pool_class([(label, dict(run.sources))], job, workers, limits) as pool:
-            since = time.perf_counter()
-            results.put(("ready", label, since))
-            for index, reply in pool.imap(feed):
-                results.put(("reply", label, (index, reply, _cpu_seconds(pool, since))))
-            results.put(("cpu", label, _cpu_seconds(pool, since)))  # before the workers exit
-    except BaseException as exc:
-        results.put(("error", label, exc))
-    results.put(("end", label, None))
+           messages: Iterator[Any], emit: Emit) -> None:
+    """A side's thread: its pool replays the messages; each reply goes back with the CPU time so far."""
+    with pool_class([(run.side.label, dict(run.sources))], job, workers, limits) as pool:
+        since = time.perf_counter()
+        emit("ready", since)
+        for index, reply in pool.imap(messages):
+            emit("reply", (index, reply, _cpu_seconds(pool, since)))
+        emit("cpu", _cpu_seconds(pool, since))  # before the workers exit
 
 
 def _tree_ticks(pid: int) -> int:
@@ -104,28 +88,53 @@ def replay(store: Store, selection: Selection, runs: list[SideRun], chunks: Iter
            budget: str | None = "candidate") -> None:
     """Score every side over the chunks, filling each SideRun; CandidateFailure names the side
     that failed. `base_shares`: the base's task shares when the base is not among `runs`."""
-    by_label = {r.side.label: r for r in runs}
     limits = SandboxLimits(call_timeout_s=gate.call_timeout_s, load_timeout_s=gate.load_timeout_s,
                            message_timeout_s=gate.time_budget_s)
     job = ReplayJob(gate.determinism_sample)
-    results: queue.Queue = queue.Queue()
     # The sides run at once, so they share the workers asked for: as many processes as one side
     # had before, and on Ray no more actors than the cluster has CPUs (more would never start).
     per_side = max(1, workers // len(runs))
-    feeds = {label: _Feed(per_side) for label in by_label}
-    start = time.perf_counter()
-    threads = [threading.Thread(target=_serve, args=(pool_class, r, job, per_side, limits, feeds[r.side.label], results),
-                                name=f"evotrainer-backtest-{r.side.label}", daemon=True) for r in runs]
-    pending: dict[int, list] = {}  # chunk number -> [its facts, sides still to answer]
-    waiting: dict[str, list] = {label: [] for label in by_label}  # replies held until shares are known
-    offset = 1 if hist else 0  # with a history, each side's message 0 asks for its weights
-    failure: BaseException | None = None
+    scoring = _Scoring(runs, hist, gate, selection.count, base_shares=base_shares, on_rollouts=on_rollouts,
+                       budget=budget)
+    serves = {r.side.label: partial(_serve, pool_class, r, job, per_side, limits) for r in runs}
+    reader = ChunkReader(store, selection.scope)
+    with SideScheduler(serves, 2 * per_side + _FEED, scoring.handle, name="evotrainer-backtest") as sides:
+        if hist:
+            for label in serves:
+                sides.send(label, ("weights", hist))
+        for number, chunk in enumerate(chunks):
+            frozen, facts = reader.read(chunk)
+            scoring.expect(number, facts)
+            for label in serves:
+                sides.send(label, ("groups", frozen))
+            sides.poll()
+        sides.finish()
 
-    def base() -> dict[str, float] | None:
-        return base_shares if "base" not in by_label else by_label["base"].shares
 
-    def weight_of(run: SideRun) -> Callable[[str], float | None]:
-        drawn_shares, own = base(), run.shares
+class _Scoring:
+    """The calling thread's side of a replay: the facts of the chunks in flight, each reply checked
+    and added to its side's tally. With a task history, each side's message 0 asks for its
+    curriculum weights, and its replies wait until both its own and the base's shares are known."""
+
+    def __init__(self, runs: list[SideRun], hist: tuple | None, gate: GateConfig, count: int, *,
+                 base_shares: dict[str, float] | None, on_rollouts: Callable[[str, int], None] | None,
+                 budget: str | None):
+        self.by_label = {r.side.label: r for r in runs}
+        self.hist, self.gate, self.count = hist, gate, count
+        self.base_shares, self.on_rollouts, self.budget = base_shares, on_rollouts, budget
+        self.offset = 1 if hist else 0
+        self.pending: dict[int, list] = {}  # chunk number -> [its facts, sides still to answer]
+        self.waiting: dict[str, list] = {label: [] for label in self.by_label}  # replies held until shares are known
+        self.start = time.perf_counter()
+
+    def expect(self, number: int, facts: list[list[Fact]]) -> None:
+        self.pending[number] = [facts, len(self.by_label)]
+
+    def base(self) -> dict[str, float] | None:
+        return self.base_shares if "base" not in self.by_label else self.by_label["base"].shares
+
+    def weight_of(self, run: SideRun) -> Callable[[str], float | None]:
+        drawn_shares, own = self.base(), run.shares
         assert drawn_shares is not None and own is not None  # score() waits until both are known
 
         def weight(task: str) -> float | None:  # p(task) under this harness over p(task) under the base
@@ -133,104 +142,42 @@ def replay(store: Store, selection: Selection, runs: list[SideRun], chunks: Iter
             return own.get(task, 0.0) / drawn if drawn > 0 else None
         return weight
 
-    def score(label: str, number: int, reply: Any) -> None:
-        run = by_label[label]
-        facts: list[list[Fact]] = pending[number][0]
+    def score(self, label: str, number: int, reply: Any) -> None:
+        run = self.by_label[label]
+        facts: list[list[Fact]] = self.pending[number][0]
         values = check_values(label, reply, facts)
-        add_values(run.tally, run.side, facts, values, weight_of(run) if hist else None)
+        add_values(run.tally, run.side, facts, values, self.weight_of(run) if self.hist else None)
         run.fingerprint.add_values(facts, values)
-        pending[number][1] -= 1
-        if not pending[number][1]:
-            del pending[number]
-        if on_rollouts:
-            on_rollouts(label, sum(map(len, facts)))
+        self.pending[number][1] -= 1
+        if not self.pending[number][1]:
+            del self.pending[number]
+        if self.on_rollouts:
+            self.on_rollouts(label, sum(map(len, facts)))
 
-    def handle(kind: str, label: str, payload: Any) -> None:
-        run = by_label[label]
-        if kind == "error":
-            raise payload
-        if kind == "end":
-            feeds[label].open = False
-            return
+    def handle(self, kind: str, label: str, payload: Any) -> None:
+        run = self.by_label[label]
         if kind == "ready":
-            run.startup = payload - start
+            run.startup = payload - self.start
             return
         if kind == "cpu":
             run.seconds = max(run.seconds, payload)
             return
         index, reply, cpu = payload
-        if hist and index == 0:
-            weights = check_weights(label, reply, [row[0] for row in hist])
+        if self.hist and index == 0:
+            weights = check_weights(label, reply, [row[0] for row in self.hist])
             run.fingerprint.add(["weights", list(weights.items())])
             run.shares = task_shares(weights)
         else:
-            waiting[label].append((index - offset, reply))
-        for name, held in waiting.items():  # score what can be scored now
-            if held and (not hist or (by_label[name].shares is not None and base() is not None)):
+            self.waiting[label].append((index - self.offset, reply))
+        for name, held in self.waiting.items():  # score what can be scored now
+            if held and (not self.hist or (self.by_label[name].shares is not None and self.base() is not None)):
                 for number, value in held:
-                    score(name, number, value)
+                    self.score(name, number, value)
                 held.clear()
         run.seconds = max(run.seconds, cpu)  # CPU time only grows; a worker that exited reads 0
-        if label == budget and run.seconds > gate.time_budget_s:
-            raise CandidateFailure(f"ran past its time budget of {gate.time_budget_s:g} s after "
-                                   f"{run.tally.rollouts} of {selection.count} rollouts", label)
-
-    def drain(block: bool) -> None:
-        try:
-            while True:
-                kind, label, payload = results.get(timeout=0.05) if block else results.get_nowait()
-                block = False
-                handle(kind, label, payload)
-        except queue.Empty:
-            pass
-
-    def put(label: str, item: Any, *, stopping: bool = False) -> None:
-        while feeds[label].open:
-            try:
-                feeds[label].queue.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                if stopping:  # only wait for the side to pull: its results no longer count
-                    try:
-                        kind, name, _ = results.get_nowait()
-                        if kind == "end":
-                            feeds[name].open = False
-                    except queue.Empty:
-                        pass
-                else:
-                    drain(False)
-
-    for thread in threads:
-        thread.start()
-    reader = ChunkReader(store, selection.scope)
-    try:
-        if hist:
-            for label in by_label:
-                put(label, ("weights", hist))
-        for number, chunk in enumerate(chunks):
-            frozen, facts = reader.read(chunk)
-            pending[number] = [facts, len(by_label)]
-            for label in by_label:
-                put(label, ("groups", frozen))
-            drain(False)
-        for label in by_label:
-            put(label, _END)
-        while any(f.open for f in feeds.values()):
-            drain(True)
-    except BaseException as exc:
-        failure = exc
-    finally:
-        for label in by_label:
-            try:  # what is still queued would only be replayed in vain
-                while True:
-                    feeds[label].queue.get_nowait()
-            except queue.Empty:
-                pass
-            put(label, _END, stopping=True)
-        for thread in threads:
-            thread.join()
-    if failure is not None:
-        raise failure
+        if label == self.budget and run.seconds > self.gate.time_budget_s:
+            raise CandidateFailure(f"ran past its time budget of {self.gate.time_budget_s:g} s after "
+                                   f"{run.tally.rollouts} of {self.count} rollouts", label)
 
 
 __all__ = ["SideRun", "replay"]

@@ -8,6 +8,7 @@ take under a second.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -50,11 +51,22 @@ def gguf_path() -> Path:
 def embedded_model_dir() -> Path:
     """Return the converted model directory, converting the GGUF on first use."""
     target = evotrainer_home() / "models" / "smollm2-135m-instruct"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    if _complete(target):
         return target
     source = gguf_path()
-    _convert(source, target)
+    # Several processes (parallel test workers, two runs started together) may all find the cache
+    # empty: one converts under the lock, the others wait and then find it complete. Without the
+    # lock a late converter would delete the folder an earlier one's process is already loading.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _complete(target):
+            _convert(source, target)
     return target
+
+
+def _complete(target: Path) -> bool:
+    return (target / "config.json").is_file() and (target / "model.safetensors").is_file()
 
 
 def _convert(source: Path, target: Path) -> None:
