@@ -136,3 +136,20 @@ def test_the_benchmark_list_finds_an_installed_one():
     if spec is None:
         pytest.skip("bfcl-eval is not installed here")
     assert set(spec.submodule_search_locations) <= set(installed_benchmarks())
+
+
+def test_a_root_that_cannot_be_built_stops_the_episode(swe, monkeypatch):
+    """A root the launcher cannot build (a bind whose source is gone) is the machine's fault: the
+    test run raises instead of handing the policy an empty observation and training on."""
+    import evotrainer.sandbox.run as sandbox_run
+    from evotrainer.errors import SandboxError
+
+    real = sandbox_run.python_root
+
+    def broken(exe, kind, work, hide=()):
+        exe, binds = real(exe, kind, work, hide)
+        return exe, [*binds, ["/nonexistent-evo-redteam", "/nonexistent-evo-redteam", "ro"]]
+
+    monkeypatch.setattr(sandbox_run, "python_root", broken)
+    with pytest.raises(SandboxError, match="could not enter its root"):
+        run_agent(swe, ScriptedPolicy(['{"tool": "run_tests"}', '{"tool": "submit"}']), max_steps=3)

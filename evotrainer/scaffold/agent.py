@@ -37,7 +37,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import Outcome, Rollout, Turn
-from evotrainer.errors import EvotrainerError
+from evotrainer.errors import EvotrainerError, SandboxError
 from evotrainer.grade import SweTask, make_patch
 from evotrainer.sandbox import run_sandboxed
 from evotrainer.sandbox.python_root import PACKAGES, installed_benchmarks
@@ -203,6 +203,10 @@ class RepoEnv:
         # benchmark's data (python_root.py).
         sb = run_sandboxed(cmd, src=self.root, timeout_s=self.test_timeout_s, hide=[*hide, *installed_benchmarks()],
                            env_extra={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, root=PACKAGES)
+        if sb.launch_error and not sb.isolation.get("root"):
+            # the root could not be built, which nothing the policy writes can cause: every later
+            # run would fail the same way, so training stops instead of going on without tests
+            raise SandboxError(f"the agent's test run could not enter its root: {sb.launch_error}")
         status = "timed out" if sb.timed_out else f"exit code {sb.returncode}"
         return self._clip(f"{sb.stdout}\n{sb.stderr}".strip() + f"\n({status})")
 
