@@ -167,10 +167,15 @@ def test_agent_terminal_states(task):
     assert all(isinstance(t, Turn) for t in slow.turns)
 
 
-def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir):  # noqa: F811 -- a fixture
+def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir, monkeypatch):  # noqa: F811
     """task.hide (the snapshot store, other tasks' states: they hold this task's fix) is hidden from
-    the agent's own test runs, as from the grader. The same probe reads the file when not hidden."""
+    the agent's own test runs, as from the grader. The runs now have a root of their own, which holds
+    none of those paths, so the hide list is checked in the sandbox as it was before the root
+    (`without_the_root`), where the same probe reads the file when it is not hidden (the control);
+    with the root it reads nothing even when task.hide leaves the file out."""
     from dataclasses import replace
+
+    import evotrainer.scaffold.agent as agent
 
     swe, _ = task
     secret = visible_dir / "fix.txt"
@@ -180,7 +185,12 @@ def test_agent_test_runs_cannot_read_the_tasks_hidden_paths(task, visible_dir): 
              f"_S = open({str(secret)!r}).read() if os.path.exists({str(secret)!r}) else 'none'\n"
              "assert _S == 'none', 'PEEK ' + _S\n\n\ndef clamp(x, lo, hi):\n>>>>>>> REPLACE\n")
     script = [probe, '{"tool": "run_tests", "tests": ["test_shapes.py"]}', '{"tool": "submit"}']
-    seen = run_agent(swe, ScriptedPolicy(script), max_steps=4)
-    assert "PEEK THE-FIX" in seen.turns[5].content  # the probe works where nothing hides the file
-    hidden = run_agent(replace(swe, hide=(visible_dir,)), ScriptedPolicy(script), max_steps=4)
-    assert "PEEK" not in hidden.turns[5].content and "1 failed" in hidden.turns[5].content
+    rooted = run_agent(swe, ScriptedPolicy(script), max_steps=4)
+    assert "PEEK" not in rooted.turns[5].content and "1 failed" in rooted.turns[5].content  # the root alone
+    real = agent.run_sandboxed
+    with monkeypatch.context() as m:
+        m.setattr(agent, "run_sandboxed", lambda cmd, root=None, **kw: real(cmd, **kw))
+        seen = run_agent(swe, ScriptedPolicy(script), max_steps=4)
+        assert "PEEK THE-FIX" in seen.turns[5].content  # the probe works where nothing hides the file
+        hidden = run_agent(replace(swe, hide=(visible_dir,)), ScriptedPolicy(script), max_steps=4)
+        assert "PEEK" not in hidden.turns[5].content and "1 failed" in hidden.turns[5].content

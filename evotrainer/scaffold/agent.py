@@ -4,8 +4,10 @@ working copy of a task repo, with every turn kept and every ending a counted out
 The policy is any callable `policy(messages) -> text` (a chat list of {"role", "content"}). Each
 assistant reply must hold one action: a JSON object with a "tool" key (in a ```json block or
 bare), or SEARCH/REPLACE blocks (an edit). The environment reads and edits files with trusted
-code confined to the copy; only `run_tests` executes the repo's code, in the sandbox, with the
-clean snapshot and the task file hidden. Endings (`AgentResult.exit_status`):
+code confined to the copy; only `run_tests` executes the repo's code, in the sandbox, chrooted in
+a root that holds the interpreter, its installed packages and the copy, and nothing else of the
+host (no clean snapshot, task file, checkout, /etc or home; sandbox/python_root.py `PACKAGES`).
+Endings (`AgentResult.exit_status`):
 
 - submitted: the diff of the copy against the buggy state is graded by the trusted grader;
 - format_error: `max_format_errors` replies in a row without a valid action;
@@ -35,9 +37,10 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from evotrainer.api import Outcome, Rollout, Turn
-from evotrainer.errors import EvotrainerError
+from evotrainer.errors import EvotrainerError, SandboxError
 from evotrainer.grade import SweTask, make_patch
 from evotrainer.sandbox import run_sandboxed
+from evotrainer.sandbox.python_root import PACKAGES, installed_benchmarks
 from evotrainer.scaffold.edit import Edit, EditApplyError, EditFormatError, apply_edit, parse_edits, safe_path
 from evotrainer.tasks import repos
 
@@ -194,8 +197,16 @@ class RepoEnv:
         cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", "--rootdir", "{repo}", *args]
         # the snapshot store and other tasks' states (task.hide) hold this task's fix too
         hide = [p for p in (self.clean_root, self.task.root, self.task.task_file, *self.task.hide) if p is not None]
-        sb = run_sandboxed(cmd, src=self.root, timeout_s=self.test_timeout_s, hide=hide,
-                           env_extra={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        # The policy's edited code runs here, so it gets a root of its own: the interpreter with its
+        # installed packages (pytest, and what the task's repo imports) and the copy, read-write at
+        # its own path; no /etc, home, workspace, checkout, other processes' /proc, nor an installed
+        # benchmark's data (python_root.py).
+        sb = run_sandboxed(cmd, src=self.root, timeout_s=self.test_timeout_s, hide=[*hide, *installed_benchmarks()],
+                           env_extra={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, root=PACKAGES)
+        if sb.launch_error and not sb.isolation.get("root"):
+            # the root could not be built, which nothing the policy writes can cause: every later
+            # run would fail the same way, so training stops instead of going on without tests
+            raise SandboxError(f"the agent's test run could not enter its root: {sb.launch_error}")
         status = "timed out" if sb.timed_out else f"exit code {sb.returncode}"
         return self._clip(f"{sb.stdout}\n{sb.stderr}".strip() + f"\n({status})")
 
