@@ -34,6 +34,7 @@ from evotrainer.harness.loader import (
     validate_probes,
     validate_reward,
     validate_stop,
+    validate_training_reward,
     validate_weights,
 )
 from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxPool
@@ -59,6 +60,16 @@ class HarnessCalls:
 
     def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         return None
+
+    def calls(self, message: tuple) -> int:
+        """At most how many harness calls `run` makes for this message: the parent's deadline
+        for it is that many per-call budgets (SandboxPool._budget), whatever the worker reports."""
+        kind = message[0]
+        if kind in ("reward", "render"):
+            return len(message[1])
+        if kind == "filters":
+            return sum(1 + len(dicts) for dicts, _ in message[1])
+        return 1  # describe, weights, stop, probe: one call (describe reads attributes only)
 
     def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> Any:
         h = harnesses[LABEL]
@@ -185,8 +196,12 @@ class IsolatedHarness:
 
     def _probe_fn(self, name: Any) -> Callable[[Sequence[Rollout], Sequence[float]], Any]:
         def fn(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> Any:
-            kind, value = self._call(("probe", name, [rollout_to_dict(r) for r in rollouts],
-                                      [float(w) for w in rewards]))
+            reply = self._call(("probe", name, [rollout_to_dict(r) for r in rollouts],
+                                [float(w) for w in rewards]))
+            if not (isinstance(reply, list) and len(reply) == 2 and reply[0] in ("value", "error")):
+                raise HarnessError(f"harness {self.version[:12]}: diagnostics.py: probe {name}(): "
+                                   "the sandbox worker sent a malformed reply")
+            kind, value = reply
             if kind == "error":
                 raise HarnessError(str(value))
             return value  # Probe.evaluate validates it here
@@ -198,7 +213,9 @@ class IsolatedHarness:
         return {p.name: p.evaluate(rollouts, rewards) for p in self.probes}
 
     def training_reward(self, components: Mapping[str, float]) -> float:
-        """The weighted sum of reward components; a component without a weight counts 1.0."""
+        """The weighted sum of reward components; a component without a weight counts 1.0.
+        Within REWARD_BOUND, as every reward() is (rewards() checks both), so the sums, squares
+        and advantages a step makes of a batch of them stay finite."""
         weights = self.spec.reward_weights
         return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
 
@@ -211,7 +228,13 @@ class IsolatedHarness:
         values = self._call(("reward", [rollout_to_dict(r) for r in rollouts]))
         if not isinstance(values, list) or len(values) != len(rollouts):
             raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
-        return [validate_reward(v) for v in values]
+        try:
+            out = [validate_reward(v) for v in values]
+            for components in out:
+                validate_training_reward(self.training_reward(components), components)
+        except HarnessError as exc:  # the commit the loop reverts, in the message
+            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
+        return out
 
     def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
         """Per group, the kept flag of each rollout (keep_group and keep_rollout), in one round trip."""
@@ -239,7 +262,10 @@ class IsolatedHarness:
     def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
         stats = tuple(task_stats)
         value = self._call(("weights", [_stats_to_dict(s) for s in stats]))
-        return validate_weights(value, [s.task_id for s in stats])
+        try:
+            return validate_weights(value, [s.task_id for s in stats])
+        except HarnessError as exc:
+            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
         return validate_stop(self._call(("stop", [(t.role, t.content) for t in turns])))
