@@ -353,6 +353,9 @@ def test_heldout_and_validation_rollouts_are_never_returned(work):
     with tools(work, round_index=1) as tb:
         for rid in ("h0001", "v0001"):
             assert "held-out or validation" in err(tb.call("show_rollout", {"id": rid}), "refused")
+        # A prefix is refused without echoing the hidden rollout's full id (issue 32).
+        refused = err(tb.call("show_rollout", {"id": "h00"}), "refused")
+        assert "held-out or validation" in refused and "h0001" not in refused
         listed = ok(tb.call("list_rollouts", {"limit": 100}))
         assert [r["id"] for r in listed["rollouts"]] == ["m0001"]
         assert ok(tb.call("list_rollouts", {"task_id": "t-held"}))["total"] == 0

@@ -355,12 +355,17 @@ class HarnessRepo:
         if self.is_promoted(tip):
             raise HarnessRepoError(f"{branch} is already promoted; record its backtest before promoting")
         commit = self.repo.commit(tip)
-        ids = [v.strip() for v in self.log(rev=tip, limit=1)[0].trailers.get("Backtest", "").split(",")]
+        trailers = self.log(rev=tip, limit=1)[0].trailers
+        ids = [v.strip() for v in trailers.get("Backtest", "").split(",")]
         if backtest_id in ids:
             return tip
-        message = commit.message.rstrip("\n") + "\n" + _trailer("Backtest", backtest_id) + "\n"
-        author = {"GIT_AUTHOR_NAME": commit.author.name or IDENTITY[0],
-                  "GIT_AUTHOR_EMAIL": commit.author.email or IDENTITY[1],
+        # git refuses a NUL in a message it writes (a hand-made commit may hold one); a message
+        # without a trailer block (a hand-made one) gets one of its own, after a blank line
+        message = (commit.message.replace("\0", " ").rstrip("\n") + ("\n" if trailers else "\n\n")
+                   + _trailer("Backtest", backtest_id) + "\n")
+        # A hand-made commit's ident may hold a NUL, which no environment variable can carry.
+        author = {"GIT_AUTHOR_NAME": (commit.author.name or IDENTITY[0]).replace("\0", " "),
+                  "GIT_AUTHOR_EMAIL": (commit.author.email or IDENTITY[1]).replace("\0", " "),
                   "GIT_AUTHOR_DATE": f"{commit.authored_date} {_tz(commit.author_tz_offset)}"}
         with tempfile.TemporaryDirectory(prefix="evotrainer-amend-") as tmp:
             sha = self._commit_tree(commit.tree.hexsha, [p.hexsha for p in commit.parents], message, tmp, author)

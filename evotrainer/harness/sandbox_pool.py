@@ -82,6 +82,12 @@ def _text(value: Any) -> str:
     return value[:20_000] if isinstance(value, str) else repr(value)[:2000]
 
 
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity: Python's json reads them, JSON has none, and our worker never sends them
+    (allow_nan=False), so a frame holding one was written by harness code."""
+    raise ValueError(name)
+
+
 def _decode(payload: bytes) -> Any:
     """A worker's frame as JSON, refused (_Corrupt) before decoding when it could cost more than
     the bounds above."""
@@ -92,7 +98,7 @@ def _decode(payload: bytes) -> Any:
     if items > _MAX_ITEMS:
         raise _Corrupt(f"a frame of up to {items} items (at most {_MAX_ITEMS})")
     try:
-        return json.loads(payload)
+        return json.loads(payload, parse_constant=_no_constant)
     except ValueError:
         raise _Corrupt("a frame that is not JSON") from None
     except RecursionError:  # nested past the parent's stack: a worker's own frame
