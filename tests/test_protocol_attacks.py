@@ -177,6 +177,13 @@ def test_non_finite_json_constants_in_a_frame_are_refused(seed, constant):
     assert "not JSON" in failure.reason
 
 
+@pytest.mark.parametrize("frame", [b'[[], 1]', b'[{"a": 1}, 2]', b'[1.5]', b'"done"', b'[]', b'[null, null]'])
+def test_a_frame_of_unknown_shape_fails_the_candidate_not_the_parent(seed, frame):
+    """A kind that is not a string (on main a list there raised TypeError in the parent)."""
+    failure = _pool_failure(seed, f"_send({frame!r})")
+    assert "a message of unknown shape" in failure.reason
+
+
 # ---------------------------------------------------------------- the watchdog's page is the worker's
 
 
@@ -254,3 +261,42 @@ def test_an_honest_reward_still_passes(ws, seed):
     assert score(ws, seed, reward=reward("return {'correct': float(rollout.outcome.success)}")).failure is None
     with _isolated(seed) as h:
         assert h.rewards([_rollout()])
+
+
+# ---------------------------------------------------------------- the CLI: a report, not a traceback
+
+
+@pytest.mark.parametrize("message", [["ready", [{}, {}]], ["failed", "base", f"blame the base {SECRET}"],
+                                     ["error", f"our code broke: {SECRET}"]],
+                         ids=lambda m: m[0])
+def test_evotrainer_backtest_reports_a_protocol_violation_as_a_rejection(tmp_path, monkeypatch, message):
+    """On main a 'ready' frame made `evotrainer backtest` die with a traceback and no report;
+    coevolve's backtest stage calls the same backtest() (and so does its --resume)."""
+    from test_backtest import BASE_REWARD, gate_groups, propose, workspace
+    from typer.testing import CliRunner
+
+    from evotrainer.cli.main import app
+    from evotrainer.store import Store
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    ws = workspace(tmp_path / "work")
+    with Store.open(ws.root) as store:
+        run = store.get_or_create_run("default", "math", {})
+        store.add_rollouts(gate_groups(run_id=run, round_id=store.start_round(run, 0, "seed", "base")))
+    evil = BASE_REWARD.replace("def reward(", "import struct\n" + SEND + "\n_sent = []\n\n\ndef _reward(", 1) + f'''
+
+def reward(rollout):
+    if not _sent:
+        _sent.append(1)
+        _send({_frame(message)!r})
+    return _reward(rollout)
+'''
+    branch = propose(ws, "evil-frames", evil)
+    result = CliRunner().invoke(app, ["backtest", branch, "--rollouts", "run=default,round=0", "--workdir",
+                                      str(ws.root), "--json"])
+    assert result.exit_code == 0 and result.exception is None, result.output
+    assert "Traceback" not in result.output and SECRET not in result.output
+    report = json.loads(result.stdout)
+    assert report["decision"] == "reject"
+    assert report["failure"]["harness"] == "candidate", report["failure"]
+

@@ -189,7 +189,8 @@ class _Worker:
                 break
             payload, self.buffer = self.buffer[header:header + size], self.buffer[header + size:]
             message = _decode(payload)
-            if not (isinstance(message, list) and message and _KINDS.get(message[0]) == len(message)):
+            if not (isinstance(message, list) and message and isinstance(message[0], str)
+                    and _KINDS.get(message[0]) == len(message)):
                 raise _Corrupt("a message of unknown shape")
             out.append(message)
         return out
