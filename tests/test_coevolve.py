@@ -335,3 +335,53 @@ def test_a_change_reverted_against_its_control_arm_hands_the_next_round_the_arms
     with pytest.raises(RuntimeError, match="stop here"):
         loop.stage_train(state)
     assert asked == ["adapters/tiny~control/round-1"]
+
+
+def test_a_mention_of_the_trusted_probe_does_not_pre_empt_it(loop):
+    """Issue 32: a promoted candidate whose diagnostics.py only *mentions* the probe's name (a
+    comment, a decoy function of that name, a probe of that name that always reads 0) made the
+    loop skip the trusted probe after a later revert. It is recognised by structure now."""
+    decoy = loop.repo.sources("main")["diagnostics.py"] + f'''
+
+# {FAILURE_PROBE}: the loop adds this probe after a live contradiction; it is here already.
+def {FAILURE_PROBE}(rollouts, rewards):
+    return 0.0
+
+
+PROBES.append({{"name": "{FAILURE_PROBE}", "dimension": "result", "fn": {FAILURE_PROBE},
+               "warn": 1e9, "critical": 2e9, "direction": "above"}})
+'''
+    first = loop.repo.propose(0, "notes", {"diagnostics.py": decoy}, diagnosis="d", targets="diagnostics",
+                              expected="e")
+    loop.repo.promote(first.branch, "diagnostics only")
+    store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
+    store.add_eval(run_id, round0, "validation", "a0", 0, 200, 120, {})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 200, 60, {})
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, "partial-credit-format", {"weight": 0.1}, "bt-x",
+                                   "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]
+    harness = loop.repo.load("main")
+    (probe,) = [p for p in harness.probes if p.name == FAILURE_PROBE]  # the decoy's entry was dropped
+    assert (probe.warn, probe.critical) == (0.05, 0.15)
+    failures = [_rollout(i, "g", "wrong", False) for i in range(2)]
+    assert probe.evaluate(failures, [0.5, 0.3]) == pytest.approx(0.4)  # the trusted code, not the decoy's 0.0
+    harness.close()
+
+
+@pytest.mark.parametrize("after, recognised", [
+    ("", True),
+    ("\n\ndef other(rollouts, rewards):\n    return 1.0\n", True),
+    ("\nPROBES.pop()\n", False),
+    ("\n\ndef failure_reward_mean(rollouts, rewards):\n    return 0.0\n", False),
+    ("\nimport sys\n", False),
+    ("\nglobals()['PRO' + 'BES'] = []\n", False),
+])
+def test_the_trusted_probe_is_recognised_by_structure(after, recognised):
+    from evotrainer.coevolve.probes import failure_reward_probe, has_probe
+
+    block = failure_reward_probe(FAILURE_PROBE)
+    assert not has_probe(f"PROBES = []\n# {FAILURE_PROBE}\n", FAILURE_PROBE)
+    assert not has_probe(f"PROBES = []\n'''{block}'''\n", FAILURE_PROBE)  # the text in a string
+    assert has_probe("PROBES = []\n" + block + after, FAILURE_PROBE) is recognised

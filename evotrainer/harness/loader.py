@@ -60,10 +60,11 @@ def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-# No honest reward comes near this. Every reward component and every training reward (their
-# weighted sum) stays within it, in training and in the backtest alike, so whatever a step or a
-# metric makes of a batch of them (sums, squares, group std, advantages) stays finite: 1e308 is
-# finite, yet two of them sum to inf and a GRPO step would learn nothing, silently.
+# No honest reward comes near this. Every training reward (the weighted sum of a reward's
+# components) stays within it, in training and in the backtest alike (whose parent also bounds
+# each component), so whatever a step or a metric makes of a batch of them (sums, squares, group
+# std, advantages) stays finite: 1e308 is finite, yet two of them sum to inf, and a GRPO step
+# would learn nothing, silently.
 REWARD_BOUND = 1e9
 
 
@@ -75,9 +76,8 @@ def validate_reward(value: Any) -> dict[str, float]:
     for key, item in value.items():
         if not isinstance(key, str):
             raise HarnessError(f"{where} returned a {type(key).__name__} key {key!r}, expected str")
-        if not _real(item) or not -REWARD_BOUND <= float(item) <= REWARD_BOUND:  # NaN fails too
-            raise HarnessError(f"{where} returned {key!r}: {item!r}, expected a finite float "
-                               f"within +-{REWARD_BOUND:g}")
+        if not _real(item) or not math.isfinite(float(item)):
+            raise HarnessError(f"{where} returned {key!r}: {item!r}, expected a finite float")
         out[key] = float(item)
     return out
 
