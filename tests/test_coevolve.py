@@ -385,3 +385,40 @@ def test_the_trusted_probe_is_recognised_by_structure(after, recognised):
     assert not has_probe(f"PROBES = []\n# {FAILURE_PROBE}\n", FAILURE_PROBE)
     assert not has_probe(f"PROBES = []\n'''{block}'''\n", FAILURE_PROBE)  # the text in a string
     assert has_probe("PROBES = []\n" + block + after, FAILURE_PROBE) is recognised
+
+
+def test_a_candidate_breaking_the_worker_protocol_is_rejected_by_the_stage_and_its_resume(loop, tmp_path):
+    """Issue 32: a reward.py that writes a well-formed frame of the wrong kind on its worker
+    socket made coevolve's backtest stage (and every --resume after it) die with SandboxError."""
+    from evotrainer.coevolve.state import Candidate
+
+    seed_round(loop.ws.root)
+    evil = loop.repo.sources("main")["reward.py"].replace("def reward(", "def _honest_reward(", 1) + '''
+
+import random
+import struct
+
+
+def reward(rollout):
+    frame = b'["ready", [{}, {}]]'
+    for f in random._os.listdir("/proc/self/fd"):
+        try:
+            if random._os.readlink("/proc/self/fd/" + f).startswith("socket:"):
+                random._os.write(int(f), struct.pack("!i", len(frame)) + frame)
+        except OSError:
+            pass
+    return _honest_reward(rollout)
+'''
+    cand = loop.repo.propose(0, "frames", {"reward.py": evil}, diagnosis="d", targets="dead_group_ratio",
+                             expected="e")
+    state = _state(loop, stage="backtest", candidates=[
+        Candidate("frames", cand.branch, None, {}, "dead_group_ratio", "e")])
+    loop.stage_backtest(state)
+    (c,) = state.candidates
+    assert c.decision == "reject" and any("broke the message protocol" in r for r in c.reasons), c.reasons
+    # --resume: a fresh loop on the same workspace reads the saved state and goes on
+    again = Coevolution(loop.config, tmp_path / "work")
+    resumed = RunState.load(again.state_path)
+    resumed.candidates[0].backtest = None  # as if the kill came before the report was recorded
+    again.stage_backtest(resumed)
+    assert resumed.candidates[0].decision == "reject"
