@@ -169,12 +169,31 @@ def test_a_frame_claiming_a_huge_length_then_exiting_fails_the_candidate(seed):
     assert "died" in failure.reason
 
 
-@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
-def test_non_finite_json_constants_in_a_frame_are_refused(seed, constant):
-    """Python's json reads NaN and Infinity, which JSON does not have; our worker never sends
-    them (allow_nan=False), so a frame that holds one is forged."""
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity", "1e999", "-2.5e400"])
+def test_non_finite_numbers_in_a_frame_are_refused(seed, constant):
+    """Python's json reads NaN and Infinity, which JSON does not have, and 1e999 as inf; our
+    worker never sends them (allow_nan=False), so a frame that holds one is forged."""
     failure = _pool_failure(seed, f"_send(b'[\"done\", {{\"candidate\": [{constant}]}}]')")
-    assert "not JSON" in failure.reason
+    assert "a frame holding" in failure.reason and constant.lstrip("-") in failure.reason
+
+
+@pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "True", "'0.5'", "[0.5]",
+                                   "type('F', (float,), {'__float__': lambda self: float('nan')})(0.5)"])
+def test_a_probe_value_that_is_not_a_finite_float_is_a_harness_error(seed, value):
+    """Probes too: NaN, inf, a bool, a string, a list, a float subclass that turns into NaN."""
+    diagnostics = seed["diagnostics.py"] + f'''
+
+def odd(rollouts, rewards):
+    return {value}
+
+
+PROBES.append({{"name": "odd", "dimension": "result", "fn": odd, "warn": 1.0, "critical": 2.0,
+               "direction": "above"}})
+'''
+    with _isolated(seed, diagnostics=diagnostics) as h:
+        odd = next(p for p in h.probes if p.name == "odd")
+        with pytest.raises(HarnessError, match="odd"):
+            odd.evaluate([_rollout()], [1.0])
 
 
 @pytest.mark.parametrize("frame", [b'[[], 1]', b'[{"a": 1}, 2]', b'[1.5]', b'"done"', b'[]', b'[null, null]'])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import pickle
@@ -85,7 +86,15 @@ def _text(value: Any) -> str:
 def _no_constant(name: str) -> Any:
     """NaN and Infinity: Python's json reads them, JSON has none, and our worker never sends them
     (allow_nan=False), so a frame holding one was written by harness code."""
-    raise ValueError(name)
+    raise _Corrupt(f"a frame holding {name}")
+
+
+def _finite(text: str) -> float:
+    """A JSON number too large for a float (1e999) reads as inf: never one our worker sends."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Corrupt(f"a frame holding the non-finite number {text[:40]}")
+    return value
 
 
 def _decode(payload: bytes) -> Any:
@@ -98,7 +107,7 @@ def _decode(payload: bytes) -> Any:
     if items > _MAX_ITEMS:
         raise _Corrupt(f"a frame of up to {items} items (at most {_MAX_ITEMS})")
     try:
-        return json.loads(payload, parse_constant=_no_constant)
+        return json.loads(payload, parse_constant=_no_constant, parse_float=_finite)
     except ValueError:
         raise _Corrupt("a frame that is not JSON") from None
     except RecursionError:  # nested past the parent's stack: a worker's own frame
