@@ -17,8 +17,8 @@ an in-process Harness was; the pool is started again on the next call.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,11 +155,23 @@ class IsolatedHarness:
             raise HarnessError(f"harness {self.version[:12]}: {failure.reason}") from None
         raise HarnessError(f"harness {self.version[:12]}: no reply from the sandbox worker")
 
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """A HarnessError raised by a check of a reply names the harness commit (the one the
+        loop reverts), as one raised by the worker does."""
+        try:
+            yield
+        except HarnessError as exc:
+            if str(exc).startswith("harness "):
+                raise
+            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
+
     def _describe(self) -> dict:
         if self._described is None:
             described = self._call(("describe",))
             if not isinstance(described, dict) or not isinstance(described.get("prompt"), str):
-                raise HarnessError("rollout.py: PROMPT did not come back as a string")
+                with self._named():
+                    raise HarnessError("rollout.py: PROMPT did not come back as a string")
             self._described = described
         return self._described
 
@@ -179,7 +191,8 @@ class IsolatedHarness:
             return []
         values = self._call(("render", [(str(q), dict(extra)) for q in questions]))
         if not (isinstance(values, list) and len(values) == len(questions) and all(isinstance(v, str) for v in values)):
-            raise HarnessError("rollout.py: rendered prompts did not come back as one string per question")
+            with self._named():
+                raise HarnessError("rollout.py: rendered prompts did not come back as one string per question")
         return values
 
     def render_prompt(self, question: str, **extra: Any) -> str:
@@ -226,14 +239,12 @@ class IsolatedHarness:
         if not rollouts:
             return []
         values = self._call(("reward", [rollout_to_dict(r) for r in rollouts]))
-        if not isinstance(values, list) or len(values) != len(rollouts):
-            raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
-        try:
+        with self._named():
+            if not isinstance(values, list) or len(values) != len(rollouts):
+                raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
             out = [validate_reward(v) for v in values]
             for components in out:
                 validate_training_reward(self.training_reward(components), components)
-        except HarnessError as exc:  # the commit the loop reverts, in the message
-            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
         return out
 
     def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
@@ -242,6 +253,11 @@ class IsolatedHarness:
             return []
         values = self._call(("filters", [([rollout_to_dict(r) for r in rs], [float(w) for w in ws])
                                          for rs, ws in groups]))
+        with self._named():
+            return self._kept(groups, values)
+
+    @staticmethod
+    def _kept(groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]], values: Any) -> list[list[bool]]:
         if not isinstance(values, list) or len(values) != len(groups):
             raise HarnessError("filters.py: replies do not match the groups sent")
         out = []
@@ -262,13 +278,13 @@ class IsolatedHarness:
     def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
         stats = tuple(task_stats)
         value = self._call(("weights", [_stats_to_dict(s) for s in stats]))
-        try:
+        with self._named():
             return validate_weights(value, [s.task_id for s in stats])
-        except HarnessError as exc:
-            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
-        return validate_stop(self._call(("stop", [(t.role, t.content) for t in turns])))
+        value = self._call(("stop", [(t.role, t.content) for t in turns]))
+        with self._named():
+            return validate_stop(value)
 
 
 def isolated_from_folder(folder: Path | str, limits: SandboxLimits = SandboxLimits()) -> IsolatedHarness:
