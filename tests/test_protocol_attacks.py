@@ -111,11 +111,13 @@ PROBES.append({"name": "forged", "dimension": "result", "fn": forged, "warn": 1.
             forged.evaluate([_rollout()], [1.0])
 
 
-@pytest.mark.parametrize("payload", [b'["done", [{"correct": 1e999}]]', b'["done", {"x": 1}]',
-                                     b'["done", [{"correct": -2e400}]]'])
-def test_a_forged_reply_with_an_overflowing_number_is_a_harness_error_in_training(seed, payload):
-    """A 'done' frame written ahead of the real reply is taken as the reply: 1e999 decodes to inf,
-    and the parent's own check of the reply refuses it."""
+@pytest.mark.parametrize("payload", [b'["done", [{"correct": 1e999}]]', b'["done", [{"correct": -2e400}]]',
+                                     b'["done", [{"correct": NaN}]]', b'["done", [{"correct": Infinity}]]',
+                                     b'["done", [{"NaN": 1.0, "correct": 1e9}]]', b'["done", {"x": 1}]'])
+def test_a_forged_reply_with_a_non_finite_number_is_a_harness_error_in_training(seed, payload):
+    """A 'done' frame written ahead of the real reply is taken as the reply. Python's json reads
+    NaN and Infinity (not JSON; our worker never sends them) and 1e999 as inf: the parent's own
+    check of the reply refuses them, and a NaN key that sums past the bound with another."""
     with _isolated(seed, reward=reward(f"_send({payload!r})\nreturn {{'correct': 1.0}}",
                                        head="import struct\n" + SEND)) as h:
         with pytest.raises(HarnessError, match=f"^harness {COMMIT[:12]}: "):
@@ -137,7 +139,8 @@ def _peak_while(run) -> tuple[int, object]:
 def _pool_failure(seed, body: str) -> CandidateFailure:
     sources = {**seed, "reward.py": reward(body + "\nreturn {'correct': 1.0}", head="import struct\n" + SEND)}
     with pytest.raises(CandidateFailure) as failure:
-        with SandboxPool([("candidate", sources)], RewardJob(), 1) as pool:
+        # generous: writing 15 MiB waits for the parent to read it, on a machine others share
+        with SandboxPool([("candidate", sources)], RewardJob(), 1, SandboxLimits(call_timeout_s=120.0)) as pool:
             list(pool.imap([(["candidate"], [_rollout_dict()])]))
     assert failure.value.harness == "candidate"
     return failure.value
@@ -178,15 +181,6 @@ def test_a_frame_claiming_a_huge_length_then_exiting_fails_the_candidate(seed):
     nothing and reads nothing more; the death fails the candidate."""
     failure = _pool_failure(seed, "_send(b'[]', size=15 << 20)\nimport random\nrandom._os._exit(0)")
     assert "died" in failure.reason
-
-
-@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
-def test_non_finite_constants_in_a_frame_are_refused(seed, constant):
-    """Python's json reads NaN and Infinity, which JSON does not have; our worker never sends
-    them (allow_nan=False), so a frame that holds one is forged. (1e999 reads as inf: the
-    consumers' own checks refuse it, see the forged-reply tests below.)"""
-    failure = _pool_failure(seed, f"_send(b'[\"done\", {{\"candidate\": [{constant}]}}]')")
-    assert f"a frame holding {constant}" in failure.reason
 
 
 @pytest.mark.parametrize("value", ["float('nan')", "float('inf')", "True", "'0.5'", "[0.5]",
