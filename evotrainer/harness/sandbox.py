@@ -36,7 +36,8 @@ the socket cannot block it), messages go out on a sender thread (a big chunk nev
 watchdog), and a worker that dies, stalls, writes into its socket or runs past the per-message
 budget fails the harness it was running. Every frame is bounded before it is decoded (size, and
 a count of containers and items), and any frame our worker code would not send where it came
-(a wrong kind, a reply nobody asked for, NaN) fails the harness. Nothing a worker does raises
+(a wrong kind, a reply nobody asked for) fails the harness; the callers check every value of a
+reply (types, finiteness, bounds). Nothing a worker does raises
 anything but CandidateFailure in the parent: before the harnesses are loaded, a fault is ours
 (SandboxError) only if a control worker that loads no harness fails the same way.
 
