@@ -30,6 +30,10 @@ endif
 	$(PIP) install --no-deps "bfcl-eval==2026.3.23"
 	$(PIP) install "math-verify>=0.9,<0.10"  # the tasks domain's symbolic verifier
 	$(PIP) install "reasoning-gym==0.1.25"
+	# verl beside evotrainer (evotrainer/integrations/verl.py): verl without its GPU stack, plus
+	# the light deps its dump writer and reward loader import (the verl extra).
+	$(PIP) install --no-deps "verl==0.9.1"
+	$(PIP) install -e ".[verl]"
 	touch $@
 
 # The headline loop on the embedded model: 2 co-evolution rounds (the second verifies the first's

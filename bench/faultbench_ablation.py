@@ -2,7 +2,7 @@
 verified-tier-reward, no keep-verified-successes, and passing candidates promoted by margins
 only (the trusted false_drop_rate probe stays).
 
-    python bench/faultbench_ablation.py     # prints the Markdown table; compare with the README's
+    python bench/faultbench_ablation.py     # prints the Markdown table; compare with docs/results.md's
 
 It hides the two skills by loading the library from a copy without them and restores the old
 ordering of passing candidates, all in this process.

@@ -206,3 +206,52 @@ def test_import_errors_name_the_line(tmp_path):
     path.write_text(json.dumps(MBPP[0]) + "\n" + json.dumps({"text": "x", "code": "y"}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         load_jsonl(path)
+
+
+# ---------------------------------------------------------------- random hidden tests and grading a file whole
+
+# HumanEval 53's shape: the check draws unseeded random inputs in a loop, which the parent cannot
+# evaluate, so the reference's calls are recorded and the test is replayed against the answers.
+RANDOM_CHECK = {
+    "task_id": "HumanEval/953", "entry_point": "add", "prompt": "def add(x: int, y: int):\n    \"\"\"x + y\"\"\"\n",
+    "canonical_solution": "    return x + y\n",
+    "test": "\n\nMETADATA = {}\n\n\ndef check(candidate):\n    import random\n    assert candidate(2, 3) == 5\n"
+            "    for i in range(100):\n        x, y = random.randint(0, 1000), random.randint(0, 1000)\n"
+            "        assert candidate(x, y) == x + y\n",
+}
+LONG_BODY = "    total = x\n" + "    total = total + 0\n" * 9 + "    return total + y\n"  # level 2 (over 8 lines)
+
+
+def test_gold_passes_a_hidden_test_that_draws_random_inputs(tmp_path, domain):
+    path = tmp_path / "he.jsonl"
+    path.write_text(json.dumps(RANDOM_CHECK) + "\n")
+    task = load_jsonl(path, heldout_fraction=0.01)[0]
+    for _ in range(3):  # every recording and replay draws the same inputs, not only the first
+        outcome = domain.check(task, RANDOM_CHECK["canonical_solution"], False)
+        assert outcome.kind == "ok" and "replayed" in outcome.flags, outcome
+    assert domain.check(task, "    return x + y + (x > 500)\n", False).kind == "wrong"
+
+
+def test_grading_a_task_file_grades_every_task_whatever_the_config_levels(tmp_path):
+    import subprocess
+    import sys
+
+    from evotrainer.paths import CONFIGS_DIR
+
+    rows = [dict(RANDOM_CHECK, task_id=f"HumanEval/{i}", canonical_solution=LONG_BODY if i % 2 else "    return x + y\n")
+            for i in range(6)]
+    tasks = tmp_path / "he.jsonl"
+    tasks.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    preds = tmp_path / "gold.jsonl"
+    preds.write_text("\n".join(json.dumps({"task_id": r["task_id"], "completion": r["canonical_solution"]})
+                               for r in rows) + "\n")
+    assert {t.level for t in load_jsonl(tasks)} == {0, 2}
+    cmd = [sys.executable, "-m", "evotrainer", "grade", "--domain", "code", "--tasks", str(tasks),
+           "--predictions", str(preds), "--config", str(CONFIGS_DIR / "code.yaml"), "--json"]  # levels [0, 1]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout)["summary"]
+    assert summary["n"] == 6 and summary["successes"] == 6 and summary["tasks_without_prediction"] == 0
+    # a level the user names on the command line still applies
+    narrowed = subprocess.run([*cmd, "domain.levels=[0]"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert narrowed.returncode == 2 and "name no task of domain 'code'" in narrowed.stderr

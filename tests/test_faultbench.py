@@ -47,8 +47,17 @@ def test_every_shipped_case_loads(name):
 
 
 def test_at_least_the_documented_cases_ship():
-    assert len(SHIPPED) >= 15
+    assert len(SHIPPED) >= 18
     assert {load_case(FAULT_CASES_DIR / n).spec.domain for n in SHIPPED} >= {"math", "code", "swe"}
+
+
+def test_the_faults_from_the_wild_cite_where_they_were_reported():
+    # Cases built from a reward bug someone reported in a public tracker say where (issue 35).
+    cited = {n: load_case(FAULT_CASES_DIR / n, rollouts=False).spec.source for n in SHIPPED}
+    wild = {"math-batch-reward-broadcast": "trl/issues/6533", "math-unparsed-pays": "open-r1/issues/159",
+            "math-wrong-group-reference": "Search-R1/issues/88"}
+    for name, issue in wild.items():
+        assert any(a.endswith(issue) for a in cited[name]), (name, cited[name])
 
 
 @pytest.mark.parametrize("change, message", [
@@ -59,6 +68,8 @@ def test_at_least_the_documented_cases_ship():
     ({"heldout_share": 1.5}, "heldout_share"),
     ({"harness": {"seed": "no-such-seed"}}, "is not a seed harness"),
     ({"surprise": 1}, "unknown key 'surprise'"),
+    ({"source": ["trl issue 6533"]}, "must be an https:// address"),
+    ({"source": "https://example.org/issues/1"}, "source"),  # a list of addresses, not one string
     ({"tempting": [{"name": "missing-folder", "targets": "dead_group_ratio", "why": "x"}]}, "missing folder"),
 ])
 def test_a_malformed_case_names_the_file_and_field(tmp_path, change, message):
@@ -165,17 +176,17 @@ def test_the_llm_agent_runs_a_case_through_a_real_endpoint(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_the_readme_shows_what_the_rules_agent_scores_on_every_shipped_case():
-    """`evotrainer bench harness --markdown` over every shipped case, compared with the table the
-    README prints: the figures there are what the code gives today (rollouts and loop are fixed)."""
+def test_the_results_page_shows_what_the_rules_agent_scores_on_every_shipped_case():
+    """`evotrainer bench harness --markdown` over every shipped case, compared with the table
+    docs/results.md prints: the figures there are what the code gives today (rollouts and loop are fixed)."""
     proc = subprocess.run([sys.executable, "-m", "evotrainer", "bench", "harness", "--markdown"],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    results = (Path(__file__).resolve().parents[1] / "docs" / "results.md").read_text()
     start, end = "<!-- faultbench:rules -->\n", "<!-- /faultbench -->"
-    assert start in readme and end in readme
-    shown = readme.split(start, 1)[1].split(end, 1)[0]
-    assert shown == proc.stdout, f"README is out of date; the benchmark now gives:\n{proc.stdout}"
+    assert start in results and end in results
+    shown = results.split(start, 1)[1].split(end, 1)[0]
+    assert shown == proc.stdout, f"docs/results.md is out of date; the benchmark now gives:\n{proc.stdout}"
 
 
 @pytest.mark.slow

@@ -165,9 +165,9 @@ def test_forbidden_and_bad_calls_are_error_results_and_the_server_survives(tmp_p
         await err(session, "run_analysis", {"code": "def analyse(rollouts, rewards):\n    raise RuntimeError('boom')\n"},
                   "failed")
         await err(session, "backtest_candidate", {"branch": "main"}, "refused")
-        # still serving, with the budget counting every call above
+        # still serving, with the budget counting every call above and the five refusals among them
         _, answer = await call(session, "list_rollouts", {"limit": 1})
-        assert answer["ok"] and answer["calls"] == {"used": 11, "max": 20, "refused": 0}
+        assert answer["ok"] and answer["calls"] == {"used": 11, "max": 20, "refused": 5}
 
     over_mcp(loop.ws.root, drive, "--max-calls", "20")
     assert not (tmp_path / "escaped.py").exists() and not (loop.ws.root / "escaped.py").exists()
@@ -185,6 +185,50 @@ def test_flags_choose_the_round_and_budgets(tmp_path):
         await err(session, "list_rollouts", {}, "budget_exhausted")
 
     over_mcp(loop.ws.root, drive, "--round", "1", "--max-calls", "1")
+
+
+def initialized(workdir: Path, *extra: str) -> tuple[str, dict[str, Any]]:
+    """The server's instructions, and the answer to one list_rollouts call."""
+    async def drive(session: ClientSession) -> dict[str, Any]:
+        return (await call(session, "list_rollouts", {"limit": 100}))[1]
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "evotrainer", "mcp", "--workdir",
+                                                                 str(workdir), *extra], env=env, cwd=str(ROOT))
+
+    async def main() -> tuple[str, dict[str, Any]]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            init = await session.initialize()
+            return init.instructions or "", await drive(session)
+
+    return anyio.run(main)
+
+
+def test_a_finished_run_serves_its_last_round_not_the_next(tmp_path):
+    """A finished `make train` leaves coevolve.json at the next round's `train` stage: the server
+    serves the last finished round (round 1 here), where it used to serve round 2 and every
+    round-scoped call failed with "run 'tiny' has no round 2"."""
+    loop = make_loop(tmp_path)
+    RunState(run="tiny", domain="math", round=2, stage="train").save(loop.state_path)
+    instructions, answer = initialized(loop.ws.root)
+    assert "round 1 of run 'tiny'" in instructions
+    assert answer["ok"] and answer["result"]["total"] == 0  # round 1: its only rollout is held out
+    # and a run in the middle of its first round still serves that round
+    RunState(run="tiny", domain="math", round=0, stage="propose").save(loop.state_path)
+    instructions, answer = initialized(loop.ws.root)
+    assert "round 0 of run 'tiny'" in instructions and answer["result"]["total"] == 64
+
+
+def test_a_workspace_of_imported_rollouts_serves_the_store_run(tmp_path):
+    """No coevolve.json (rollouts imported from another trainer): the store's only run, at its
+    last round."""
+    loop = make_loop(tmp_path)
+    assert not loop.state_path.exists()
+    instructions, answer = initialized(loop.ws.root)
+    assert "round 1 of run 'tiny'" in instructions and answer["ok"]
+    out = subprocess.run([sys.executable, "-m", "evotrainer", "mcp", "--workdir", str(loop.ws.root), "--run", "nope"],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=str(ROOT))
+    assert out.returncode == 2 and "no such run in the store" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_workspace_without_a_run_is_a_clear_error(tmp_path):

@@ -340,6 +340,33 @@ def test_user_function_runs_in_the_sandbox(checks):
     assert d.check(t, "The answer is city 3", True).kind == "truncated"
 
 
+RUNS_THE_COMPLETION = '''
+def check(completion, answer, task):
+    if completion == answer:
+        return True
+    ns = {}
+    exec(completion, ns)  # a verifier that runs the model's code: the policy's text runs here
+    return ns.get("ok") is True
+'''
+READS_THE_HOST = {
+    "/etc/passwd": "try:\n    ok = 'root:' in open('/etc/passwd').read()\nexcept OSError:\n    ok = False\n",
+    "the repository": (f"try:\n    ok = 'evotrainer' in open({str(HARNESSES_DIR.parents[1] / 'pyproject.toml')!r}).read()\n"
+                       "except OSError:\n    ok = False\n"),
+    "the host's /etc": "import os\nok = len(os.listdir('/etc')) > 2\n",  # the root has ld.so.cache and localtime
+}
+
+
+def test_a_verifier_that_runs_the_completion_lets_it_read_nothing_of_the_host(tmp_path, task_file):
+    (tmp_path / "runs.py").write_text(RUNS_THE_COMPLETION)
+    d = TasksDomain(source=str(task_file), verifier="runs.py:check")
+    t = task(d, "cap/002")
+    assert d.check(t, "ok = True", False).kind == "ok"  # the honest control: the code runs
+    for what, code in READS_THE_HOST.items():
+        assert d.check(t, code, False).kind == "wrong", what
+    # ...and installed packages are still there for the verifier (the workers' root)
+    assert d.check(t, "import jinja2\nok = True", False).kind == "ok"
+
+
 def test_user_function_scores(checks):
     d = TasksDomain(source=str(checks), verifier="checks.py:score", gold_check=3)
     t = task(d, "cap/002")

@@ -30,6 +30,9 @@ OUTCOME_KINDS = (
 # An Outcome flag: success is the verdict of an LLM judge panel (the `judged` domain), not of a
 # trusted check. Such outcomes are counted and shown apart from verified ones, never pooled.
 JUDGE_VERIFIED = "judge_verified"
+# An Outcome flag: success is what another engine reported (a field of its rollouts named at import,
+# e.g. verl's `acc`), not a check of ours. Reports say so wherever they count such outcomes.
+SOURCE_REPORTED = "source_reported"
 
 
 def _frozen_map(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -192,6 +195,7 @@ def rollout_from_dict(data: Any) -> Rollout:
 __all__ = [
     "OUTCOME_KINDS",
     "JUDGE_VERIFIED",
+    "SOURCE_REPORTED",
     "Outcome",
     "Turn",
     "Rollout",

@@ -95,12 +95,22 @@ def backtest(workdir: Path | str, rev: str, *, base: str = MAIN, selector: Selec
                               declared_target=declared)
         report["targets_trailer"] = trailer
         report["judges"] = _judge_agreement(store, run)
+        report["source_reported"] = _source_reported(store, run)
         write_report(ws.backtests, report, store)
     finally:
         if own_store:
             store.close()
     _record(repo, rev, report["id"], record)
     return report
+
+
+def _source_reported(store: Store, run: BacktestRun) -> int:
+    """How many of the replayed rollouts carry an outcome another engine reported (imported with
+    --outcome-field, api.SOURCE_REPORTED), not one our check verified: the report says so."""
+    from evotrainer.api import SOURCE_REPORTED
+
+    selection = run.selection
+    return sum(store.flagged_counts(SOURCE_REPORTED, selection.scope, selection.selector.ids).values())
 
 
 def _record(repo: HarnessRepo, rev: str, backtest_id: str, record: bool) -> None:

@@ -133,6 +133,14 @@ def _untrusted(reason: str) -> str:
     return "`" + reason.replace("`", "'") + "`"
 
 
+def source_reported_note(report: dict[str, Any]) -> str:
+    """What the verified metrics rest on when some outcomes came from another engine's own field."""
+    n, total = report.get("source_reported") or 0, report["n_rollouts"]
+    return (f"{n} of {total} rollouts have source-reported outcomes (another engine's correctness field, "
+            "imported with --outcome-field), not verified by evotrainer: the metrics that read verified "
+            "success read the engine's verdict for them.")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     from evotrainer.backtest.engine import Selector
 
@@ -149,6 +157,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         *[f"- {_untrusted(reason) if report.get('failure') else reason}" for reason in report["reasons"]],
         "",
     ]
+    if report.get("source_reported"):
+        lines += [f"**Outcomes:** {source_reported_note(report)}", ""]
     base, cand = report["metrics"]["base"], report["metrics"]["candidate"]
     if base and cand:
         lines += ["| metric | base | candidate | delta |", "|---|---:|---:|---:|"]

@@ -104,6 +104,10 @@ def print_report(report: dict[str, Any]) -> None:
         (f"{report['candidate_rev']} ({report['candidate'][:7]})", "yellow"), " vs ",
         (f"{report['base_rev']} ({report['base'][:7]})", "yellow"),
         f"  on {report['n_rollouts']} rollouts"))
+    if report.get("source_reported"):
+        from evotrainer.backtest.report import source_reported_note
+
+        out.print(Text(source_reported_note(report), style="yellow"))
     table = metrics_table(report)
     if table is not None:
         out.print(table)

@@ -99,6 +99,9 @@ def _grade_outputs(domain: str, tasks: Path | None, predictions: Path, config: P
         if not tasks.is_file():
             raise UserError(f"--tasks {tasks}: no such file")
         overrides = [*overrides, f"domain.source={tasks}"]
+        if not any(o.split("=", 1)[0].strip() == "domain.levels" for o in overrides):
+            # the file the user named is graded whole: a config's `levels` choose training tasks
+            overrides.append("domain.levels=null")
     cfg = load_config(config, overrides, domain=domain)
     try:
         preds = load_outputs(predictions)

@@ -18,6 +18,7 @@ from evotrainer.cli.common import ConfigOpt, DomainOpt, OverridesArg, UserErrorG
 from evotrainer.cli.diagnose import diagnose_cmd
 from evotrainer.cli.domains import domains_cmd
 from evotrainer.cli.experience import app as experience_app
+from evotrainer.cli.export import app as export_app
 from evotrainer.cli.grade import grade_cmd
 from evotrainer.cli.harness import app as harness_app
 from evotrainer.cli.judge import judge_cmd
@@ -258,6 +259,7 @@ app.add_typer(experience_app, name="experience")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(bench_app, name="bench")
 app.command("report")(report_cmd)
+app.add_typer(export_app, name="export")
 app.command("status")(status_cmd)
 
 

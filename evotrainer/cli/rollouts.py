@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import importlib
 import json
 import os
 import sys
@@ -220,15 +221,45 @@ def export(
 
 @app.command("import")
 def import_(
-    file: Annotated[str, typer.Argument(metavar="FILE", help="JSONL file to read, or - for stdin.")],
+    files: Annotated[list[str], typer.Argument(metavar="FILE...", help="JSONL file to read, or - for stdin; with "
+                                               "--from, the engine's files or folders.")],
     workdir: Workdir = DEFAULT_WORKDIR,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Store the valid lines and report the bad ones, instead of storing nothing.")] = False,
+    source: Annotated[str | None, typer.Option("--from", help="The engine that wrote the files: verl (its "
+                                               "{step}.jsonl rollout dumps) or verifiers (vf-eval's results.jsonl). "
+                                               "Default: our own JSONL export.")] = None,
+    domain: Annotated[str | None, typer.Option("--domain", help="With --from: the domain whose trusted check "
+                                               "rechecks every completion against its ground truth (math, code, "
+                                               "...); it also names the workspace's domain.")] = None,
+    outcome_field: Annotated[str | None, typer.Option("--outcome-field", help="With --from: take the outcome "
+                                                      "from this field of the engine's records (e.g. verl's acc) "
+                                                      "instead of rechecking; stored as source-reported, not "
+                                                      "verified.")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="With --from: the run to import into (default: the "
+                                            "engine's name).")] = None,
+    round_: Annotated[int | None, typer.Option("--round", min=0, help="With --from: the round index (default: "
+                                               "the run's next).")] = None,
 ) -> None:
     """Import rollouts from JSONL. Every line is validated first; any bad line stores nothing.
 
     Lines are at most 8 MiB and nest at most 100 levels; errors name the line and field,
     never what the line holds. The workspace folder must exist (a mistyped --workdir is
-    an error, not a new empty workspace)."""
+    an error, not a new empty workspace).
+
+    With --from verl|verifiers, the files are another engine's own output, stored as one round of
+    a run; the workspace (its harness repo for --domain) is made if missing. Each rollout keeps the
+    engine's score as its reward; its outcome is the domain's recheck, or with --outcome-field the
+    engine's own verdict, marked source-reported everywhere it is counted."""
+    if source is not None:
+        if skip_bad:
+            raise UserError("--skip-bad goes with our own JSONL; an engine's files are imported whole or not at all")
+        return _import_from(source, [Path(f) for f in files], workdir, domain, outcome_field, run, round_)
+    for flag, value in (("--domain", domain), ("--outcome-field", outcome_field), ("--run", run), ("--round", round_)):
+        if value is not None:
+            raise UserError(f"{flag} goes with --from (an engine's own files); our JSONL carries its own")
+    if len(files) != 1:
+        raise UserError("one JSONL file (or -) at a time; --from reads several")
+    [file] = files
     if file != "-" and not Path(file).is_file():
         raise UserError(f"no such file: {file}")
     if not os.environ.get(STORE_URL_ENV) and not workdir.is_dir():
@@ -250,3 +281,45 @@ def import_(
         err.print(Text.assemble((f"{where}:{line}: ", "yellow"), message, " (skipped)"), soft_wrap=True)
     skipped = f", skipped {len(summary.skipped)} bad line(s)" if summary.skipped else ""
     typer.echo(f"imported {summary.imported} rollout(s){skipped}")
+
+
+def _import_from(source: str, paths: list[Path], workdir: Path, domain: str | None, outcome_field: str | None,
+                 run: str | None, round_: int | None) -> None:
+    """`rollouts import --from ENGINE`: another engine's files as one round of a run."""
+    from evotrainer.integrations import imported
+
+    readers = {"verl": "evotrainer.integrations.verl", "verifiers": "evotrainer.integrations.verifiers"}
+    if source not in readers:
+        raise UserError(f"--from {source!r}: unknown engine; known: {', '.join(readers)} (TRL writes into the "
+                        "store as it trains: evotrainer.integrations.trl.StoreRollouts)")
+    if domain is None:
+        raise UserError(f"--from {source} needs --domain (the domain whose check verifies the outcomes, and the "
+                        "workspace's domain)")
+    reader = importlib.import_module(readers[source])
+    err = _err()
+
+    def refuse(exc: imported.SourceErrors) -> UserError:
+        for where, line, message in exc.errors:
+            err.print(Text.assemble((f"{where}:{line}: ", "bold red"), message), soft_wrap=True)
+        return UserError(f"{len(exc.errors)} bad record(s), nothing imported")
+
+    try:  # every record checked before the workspace or its store is touched
+        records, errors = reader.read_dumps(paths)
+        converted = imported.convert_records(source, records, run=run or source,
+                                             policy=imported.OutcomePolicy(domain, outcome_field), errors=errors)
+    except imported.SourceErrors as exc:
+        raise refuse(exc) from None
+    if not os.environ.get(STORE_URL_ENV):
+        from evotrainer.workspace import ensure_workspace
+
+        ensure_workspace(workdir, domain)
+    with _open(workdir, must_exist=False) as store:
+        try:
+            done = imported.store_converted(store, converted, round_)
+        except imported.SourceErrors as exc:
+            raise refuse(exc) from None
+        except ImportRefused as exc:
+            raise UserError(f"the store refused the import, nothing imported: {exc.kind}: {exc.message[:200]}") from None
+    how = ("outcomes source-reported by the engine's field " + repr(outcome_field) + ", not verified by evotrainer"
+           if outcome_field else f"outcomes verified by the {domain} domain's check")
+    typer.echo(f"imported {done.rollouts} rollout(s) from {source} into run {done.run!r} round {done.round} ({how})")

@@ -22,7 +22,7 @@ from evotrainer.coevolve.beside import beside
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
 from evotrainer.coevolve.control import control_adapter, control_arm, control_evals
 from evotrainer.coevolve.heldout import decision_split
-from evotrainer.coevolve.pilot import dynamics_change, needs_pilot, run_pilot
+from evotrainer.coevolve.pilot import decision_after_backtest, dynamics_change, run_pilot
 from evotrainer.coevolve.state import Candidate, Pending, RunState, RunStateError, describe_cost
 from evotrainer.coevolve.verify import Verdict, verify, verify_paired
 from evotrainer.config import Config
@@ -307,8 +307,9 @@ class Coevolution:
             c.backtest, c.decision, c.reasons = report["id"], report["decision"], list(report["reasons"])
             c.gain = gain(report, self.config.gate)
             change = dynamics_change(main, self.repo.sources(c.branch))
-            if c.decision == "reject" and needs_pilot(report, change):
-                # replay cannot move its target: the pilot below decides (and is resumable)
+            if decision_after_backtest(report, change) == "pilot":
+                # replay cannot judge it (nor move its target): the pilot below decides (and is
+                # resumable); a gate-passing edit beside it does not promote it on replay alone
                 c.decision, c.pilot = "pilot", {"change": change}
             state.save(self.state_path)
             colour = "green" if c.decision == "promote" else "yellow" if c.decision == "pilot" else "red"

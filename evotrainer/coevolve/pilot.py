@@ -19,6 +19,7 @@ other. Both arms' rows stay in the store, so the evidence can be read back (`evo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -32,6 +33,8 @@ from evotrainer.coevolve.control import train_arm
 from evotrainer.coevolve.verify import verify_paired
 from evotrainer.config import Config
 from evotrainer.diagnose.health import FALSE_DROP
+from evotrainer.harness.errors import HarnessError
+from evotrainer.harness.loader import prompt_template
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.harness.spec import parse_spec
 from evotrainer.store import Store
@@ -41,17 +44,45 @@ REPLAYED_KNOBS = frozenset({"mask_truncated_completions"})
 
 
 def dynamics_change(base: Mapping[str, str], candidate: Mapping[str, str]) -> dict[str, list]:
-    """The grpo knobs the candidate's harness.yaml sets differently: {knob: [base, candidate]}."""
+    """What replay cannot judge: the grpo knobs the candidate's harness.yaml sets differently,
+    {knob: [base, candidate]}, and a changed rollout.py PROMPT, {"PROMPT": [sha, sha]} (the
+    prompt is what the policy is asked, in training and evaluation alike; a backtest never reads it)."""
     old = parse_spec(base.get("harness.yaml", "")).grpo
     new = parse_spec(candidate.get("harness.yaml", "")).grpo
-    return {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
-            if k not in REPLAYED_KNOBS and old.get(k) != new.get(k)}
+    change = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new))
+              if k not in REPLAYED_KNOBS and old.get(k) != new.get(k)}
+    prompts = [_prompt_digest(s.get("rollout.py", "")) for s in (base, candidate)]
+    if prompts[0] != prompts[1]:
+        change[PROMPT_KEY] = prompts
+    return change
+
+
+PROMPT_KEY = "PROMPT"
+
+
+def _prompt_digest(source: str) -> str:
+    """A short digest of rollout.py's PROMPT text (the text itself is candidate-written: it stays out
+    of reasons and the terminal); a rollout.py whose PROMPT cannot be read digests its whole text."""
+    try:
+        text = prompt_template(source)
+    except HarnessError:
+        text = "\0unreadable\0" + source
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def needs_pilot(report: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
-    """A dynamics change whose backtest failed no check but its target (which replay cannot move)."""
+    """A dynamics change whose backtest failed no check but its target (which replay cannot move).
+    A backtest that passed counts too: a dynamics or PROMPT change that rides along with a
+    gate-passing edit is still never promoted on replay alone."""
     failed = [c["name"] for c in report.get("checks") or [] if not c["passed"]]
     return bool(change) and bool(report.get("checks")) and all(n.startswith("target") for n in failed)
+
+
+def decision_after_backtest(report: Mapping[str, Any], change: Mapping[str, Any]) -> str:
+    """The backtest's decision, or "pilot" for a dynamics or PROMPT change whose backtest failed
+    nothing but its target: such a change is judged by training, never promoted on replay alone."""
+    decision = str(report.get("decision"))
+    return "pilot" if decision in ("reject", "promote") and needs_pilot(report, change) else decision
 
 
 NO_PROBE = "its Targets ({targets!r}) name no probe of main's diagnostics, so a pilot cannot tell whether it fixed anything"
@@ -153,5 +184,5 @@ def judge(base_probes: Mapping[str, Any], cand_probes: Mapping[str, Any], base_e
                        target, b, c, verdict.describe(), improvement / margin if margin else None, change)
 
 
-__all__ = ["PilotResult", "arm_evidence", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot",
+__all__ = ["PilotResult", "arm_evidence", "decision_after_backtest", "dynamics_change", "judge", "needs_pilot", "pilot_run", "run_pilot",
            "target_probe"]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from evotrainer.api import Rollout, TaskStats
+from evotrainer.api import SOURCE_REPORTED, Rollout, TaskStats
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, Probe
 from evotrainer.harness.redact import redact
@@ -90,6 +90,8 @@ class HealthReport:
     harness_version: str | None = None
     scope: str = "all"
     examples: dict[str, Example] = field(default_factory=dict)  # by rollout id
+    # Rollouts whose outcome another engine reported (api.SOURCE_REPORTED), not our check
+    source_reported: int = 0
 
     @property
     def alerts(self) -> list[ProbeResult]:
@@ -118,6 +120,7 @@ class HealthReport:
                        for p in self.probes],
             "alerts": [p.name for p in self.alerts],
             "examples": {rid: asdict(ex) for rid, ex in self.examples.items()},
+            **({"source_reported": self.source_reported} if self.source_reported else {}),
         }
 
     @classmethod
@@ -127,7 +130,7 @@ class HealthReport:
                   for p in data["probes"]]
         examples = {rid: Example(**ex) for rid, ex in (data.get("examples") or {}).items()}
         return cls(probes, data["n_rollouts"], data["n_groups"], data.get("harness_version"),
-                   data.get("scope", "all"), examples)
+                   data.get("scope", "all"), examples, int(data.get("source_reported") or 0))
 
     def to_markdown(self) -> str:
         from evotrainer.diagnose.render import report_markdown
@@ -226,7 +229,8 @@ def health_report(harness: IsolatedHarness | Harness, rows: Iterable[StoredRollo
                                  r.truncated, r.num_tokens, sum(t.role == "assistant" for t in r.turns),
                                  _preview(r))
     n_groups = len({r.group_id for r in rollouts})
-    return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown)
+    reported = sum(SOURCE_REPORTED in r.outcome.flags for r in rollouts)
+    return HealthReport(results, len(rollouts), n_groups, harness.version, scope, shown, reported)
 
 
 def _false_drops(harness: IsolatedHarness | Harness, rollouts: Sequence[Rollout], rewards: Sequence[float],

@@ -68,6 +68,8 @@ def summary_line(report: HealthReport) -> Text:
     crit = sum(p.level == "critical" for p in alerts)
     text = Text(f"{report.n_rollouts} rollouts in {report.n_groups} groups ({report.scope}, "
                 f"{(report.harness_version or '?')[:12]}): ")
+    if report.source_reported:
+        text.append(f"[{source_reported_note(report)}] ", style="yellow")
     if not alerts:
         return text.append("no alerts", style="green")
     text.append(f"{crit} critical", style="bold red" if crit else "")
@@ -79,10 +81,17 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def source_reported_note(report: HealthReport) -> str:
+    return (f"outcomes of {report.source_reported} of {report.n_rollouts} rollouts are source-reported "
+            "(another engine's correctness field, imported with --outcome-field), not verified by evotrainer")
+
+
 def report_markdown(report: HealthReport) -> str:
     lines = [f"# Health report ({report.scope})", "",
              f"{report.n_rollouts} rollouts in {report.n_groups} groups, harness "
              f"`{report.harness_version or '?'}`.", ""]
+    if report.source_reported:
+        lines += [f"**Outcomes:** {source_reported_note(report)}.", ""]
     alerts = report.alerts
     if alerts:
         lines += ["**Alerts:** " + "; ".join(f"{p.describe()}" for p in alerts), ""]

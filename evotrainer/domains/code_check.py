@@ -40,6 +40,7 @@ from evotrainer.errors import EvotrainerError
 
 _CODEC = Path(code_plain.__file__).read_text(encoding="utf-8")
 _RECORD_CACHE_MAX = 4096
+TEST_SEED = 0  # `random` is seeded with it before each recorded or replayed test program
 _records: dict[tuple[str, str, str, str], list | None] = {}
 
 # The solution's process: exec the code, evaluate each call, report values (an untrusted claim).
@@ -84,7 +85,7 @@ _main()
 
 # Once per task: the reference runs the original tests; we keep the arguments of every call.
 _RECORD = _CODEC + r'''
-import json, os, sys, types
+import json, os, random, sys, types
 
 
 def _main():
@@ -104,6 +105,7 @@ def _main():
                 return real(*args, **kwargs)
 
             ns[data["entry"]] = recorder
+            random.seed(data["seed"])  # a test that draws random inputs draws the same ones in the replay
             exec(compile(program, "hidden_test", "exec"), ns)
         except Unencodable:
             calls = None
@@ -119,7 +121,7 @@ _main()
 
 # A fresh process that never ran the solution: the original tests against its recorded answers.
 _REPLAY = _CODEC + r'''
-import builtins, json, os, sys
+import builtins, json, os, random, sys
 
 
 class Diverged(Exception):
@@ -148,6 +150,7 @@ def _main():
         try:
             exec(compile(data["prefix"], "prompt.py", "exec"), ns)
             ns[data["entry"]] = stub
+            random.seed(data["seed"])  # the recording's random inputs, in the recording's order
             exec(compile(item["source"], "hidden_test", "exec"), ns)
             verdicts.append(None)
         except BaseException as e:
@@ -279,7 +282,7 @@ def _recorded(reference: str, programs: list[str], entry: str, setup: str, timeo
     keys = [(reference, p, entry, setup) for p in programs]
     missing = [k for k in keys if k not in _records]
     if missing and reference.strip():
-        sb, raw = _sandboxed(_RECORD, {"code": reference, "entry": entry,
+        sb, raw = _sandboxed(_RECORD, {"code": reference, "entry": entry, "seed": TEST_SEED,
                                        "programs": [setup + "\n" + k[1] for k in missing]}, timeout_s)
         got = _list_of(raw, len(missing), "record_failed")
         if len(_records) > _RECORD_CACHE_MAX:
@@ -293,7 +296,8 @@ def _replay(prefix: str, entry: str, items: list[tuple[str, list | None, list]],
     """The original tests, run in a fresh process against the solution's recorded answers."""
     programs = [{"source": src, "calls": calls or [], "answers": answers} for src, calls, answers in items
                 if calls is not None]
-    sb, raw = _sandboxed(_REPLAY, {"prefix": prefix, "entry": entry, "programs": programs}, timeout_s)
+    sb, raw = _sandboxed(_REPLAY, {"prefix": prefix, "entry": entry, "seed": TEST_SEED, "programs": programs},
+                         timeout_s)
     if sb.timed_out:
         raise _Failed(Outcome(False, 0.0, "timeout", tuple(flags)))
     verdicts = _list_of(raw, len(programs), "replay_failed")
@@ -316,12 +320,16 @@ def _own_sources() -> tuple[str, ...]:
 
 
 def _sandboxed(script: str, payload: dict[str, Any], timeout_s: float, hide: Sequence[str] = ()):
-    """One sandboxed `python -I -c script` with `payload` on stdin; (result, its report's bytes)."""
+    """One sandboxed `python -I -c script` with `payload` on stdin; (result, its report's bytes). It
+    runs in a root that holds the interpreter and its stdlib only (sandbox/python_root.py): no host
+    file, installed package or copy of a benchmark for the solution to read."""
     from evotrainer.sandbox import run_sandboxed
+    from evotrainer.sandbox.python_root import STDLIB
 
     name = f"r-{secrets.token_hex(12)}.json"
     sb = run_sandboxed([sys.executable, "-I", "-c", script], timeout_s=timeout_s, mem_mb=512, nproc=8, fsize_mb=16,
-                       env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode(), hide=hide)
+                       env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode(), hide=hide,
+                       root=STDLIB)
     if sb.launch_error:
         raise _Failed(Outcome(False, 0.0, "error", ("sandbox_error",)))
     return sb, sb.outputs.get(name, b"")

@@ -9,6 +9,10 @@ the score, success when it is 1. Anything else (None, a string, NaN, 2.0) is out
 `error` with the flag `verifier_bad_return`; a function that raises gives `error` with
 `verifier_raised`; one that runs past the limit gives `timeout`.
 
+It runs in the harness workers' root (sandbox/python_root.py PACKAGES): the interpreter with its
+installed packages and the system's libraries, and no /etc, home folder, workspace or repository
+checkout, so a verifier that runs the completion's code lets it read nothing of the host's files.
+
 The module is one self-contained file (it may import installed packages, not its neighbours):
 `path/to/file.py:function` (a relative path is looked for next to the task file, then in the
 working directory) or `package.module:function`, found on sys.path without importing it here.
@@ -134,15 +138,21 @@ def run(verifier: UserVerifier, items: Sequence[Mapping[str, Any]], timeout_s: f
     interval timer in the job; the job's own wall-clock limit, timeout_s per item plus 5 s, is
     the backstop); (one reply per item answered, how the job ended: "ok", "timeout",
     "load: <error>" or "sandbox: <error>")."""
-    from evotrainer.sandbox import run_sandboxed
+    from evotrainer.sandbox import SandboxError, run_sandboxed
+    from evotrainer.sandbox.python_root import PACKAGES
 
     name = f"r-{secrets.token_hex(12)}.jsonl"
     payload = {"path": f"{_MODULE_NAME}/{verifier.path.name}", "function": verifier.function,
                "items": list(items), "item_s": timeout_s}
-    sb = run_sandboxed([sys.executable, "-I", "-c", _RUNNER],
-                       files={f"{_MODULE_NAME}/{verifier.path.name}": verifier.source},
-                       timeout_s=timeout_s * len(items) + 5.0, mem_mb=1024, nproc=8, fsize_mb=16,
-                       env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode())
+    try:
+        # the harness workers' root: installed packages, no /etc, home, workspace or checkout
+        sb = run_sandboxed([sys.executable, "-I", "-c", _RUNNER],
+                           files={f"{_MODULE_NAME}/{verifier.path.name}": verifier.source},
+                           timeout_s=timeout_s * len(items) + 5.0, mem_mb=1024, nproc=8, fsize_mb=16,
+                           env_extra={"EVO_RESULT": "{out}/" + name}, stdin=json.dumps(payload).encode(),
+                           root=PACKAGES)
+    except SandboxError as exc:
+        return None, f"sandbox: {exc}"
     if sb.launch_error:
         return None, f"sandbox: {sb.launch_error}"
     replies: list = []

@@ -47,6 +47,12 @@ def _metric(value: str) -> str:
     return value
 
 
+def _address(value: str) -> str:
+    if re.fullmatch(r"https://\S+", value) is None:
+        raise ValueError("must be an https:// address (an issue or pull request that reports the fault)")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -120,6 +126,7 @@ class CaseFile(_Strict):
     live: bool = False  # the repair needs a live pilot (a change to the training dynamics)
     repairable_by: Literal["rules", "llm", "none"] = "rules"  # what we expect can repair it, for the docs
     generate: dict[str, Any] = {}  # how bench/fault_rollouts.py made the rollouts (config, overrides)
+    source: list[Annotated[str, AfterValidator(_address)]] = []  # where the fault was reported in the wild
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from evotrainer.backtest import SAFETY_METRICS, Selector, backtest
 from evotrainer.backtest.metrics import improvement
 from evotrainer.coevolve.choose import breadth_first, gain, passing_best_first
-from evotrainer.coevolve.pilot import dynamics_change, needs_pilot
+from evotrainer.coevolve.pilot import decision_after_backtest, dynamics_change
 from evotrainer.config import GateConfig
 from evotrainer.faultbench.case import CaseError, FaultCase
 from evotrainer.harness.repo import HarnessRepo
@@ -291,7 +291,7 @@ class CaseRun:
         item.reason = next((r for r in report["reasons"] if "target" in r or "safety" in r),
                            report["reasons"][0] if report["reasons"] else "")
         change = dynamics_change(self.repo.sources("main"), self.repo.sources(item.branch))
-        if self.live and item.decision == "reject" and needs_pilot(report, change):
+        if self.live and decision_after_backtest(report, change) == "pilot":
             result = self._pilot(item, change)
             item.decision, item.gain, item.pilot = result.decision, result.gain, result.to_json()
             item.reason = " ".join(result.reasons)

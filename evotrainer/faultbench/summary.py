@@ -73,7 +73,7 @@ def table(results: Sequence[CaseResult], agent: str) -> Table:
 
 
 def markdown(results: Sequence[CaseResult], agent: str) -> str:
-    """The scores as a Markdown table (what the README shows), one row per case plus overall."""
+    """The scores as a Markdown table (what docs/results.md shows), one row per case plus overall."""
     def mark(value: bool | None) -> str:
         return "-" if value is None else "yes" if value else "**no**"
 

@@ -2,9 +2,10 @@
 
 Training, diagnose and the report never execute harness Python in their own process. They hold
 an `IsolatedHarness`: harness.yaml is parsed here (it is data); every call into reward.py,
-filters.py, curriculum.py, rollout.py (its PROMPT template is rendered in the worker too: a
-template can loop or allocate without bound, Jinja's sandbox or not) and the probes is a message
-to one worker of a `SandboxPool` (evotrainer/harness/sandbox.py). One message carries a whole batch
+filters.py, curriculum.py, rollout.py's stop() and the probes is a message to one worker of a
+`SandboxPool` (evotrainer/harness/sandbox.py). Prompts are not: the trusted side renders them
+from rollout.py's PROMPT text in a worker that never loads harness code (harness/prompts.py), so
+no harness code can write into a training, validation or held-out prompt. One message carries a whole batch
 (every reward of a GRPO step, every filter decision of a step), so the boundary costs one round
 trip per step, not one per rollout.
 
@@ -30,6 +31,7 @@ from evotrainer.harness.loader import (
     Probe,
     harness_version,
     parse_spec,
+    prompt_template,
     validate_bool,
     validate_probes,
     validate_reward,
@@ -37,6 +39,7 @@ from evotrainer.harness.loader import (
     validate_training_reward,
     validate_weights,
 )
+from evotrainer.harness.prompts import render_prompts
 from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxPool
 
 LABEL = "harness"
@@ -65,7 +68,7 @@ class HarnessCalls:
         """At most how many harness calls `run` makes for this message: the parent's deadline
         for it is that many per-call budgets (SandboxPool._budget), whatever the worker reports."""
         kind = message[0]
-        if kind in ("reward", "render"):
+        if kind == "reward":
             return len(message[1])
         if kind == "filters":
             return sum(1 + len(dicts) for dicts, _ in message[1])
@@ -81,10 +84,6 @@ class HarnessCalls:
                                 "critical": p.critical, "direction": p.direction} for p in inner.probes]}
         if kind == "reward":
             return [h.reward(rollout_from_dict(d)) for d in message[1]]
-        if kind == "render":  # the template is harness input too: its loops and sizes run here
-            prompts = [h.harness.render_prompt(question, **extra) for question, extra in message[1]]
-            _refused(h, "rendering rollout.py: PROMPT")
-            return prompts
         if kind == "filters":  # [(rollouts, rewards)] per group -> [(keep_group, [keep_rollout])]
             out = []
             for dicts, rewards in message[1]:
@@ -179,24 +178,23 @@ class IsolatedHarness:
 
     @property
     def prompt_source(self) -> str:
-        return self._describe()["prompt"]
+        """rollout.py's PROMPT as text, read here without running rollout.py."""
+        return prompt_template(self.sources["rollout.py"])
 
     def check(self) -> None:
         """Load it (in the worker: the template compiles there) and check its probes here."""
         self.probes  # noqa: B018 -- validated on access
 
-    def render_prompts(self, questions: Sequence[str], **extra: Any) -> list[str]:
-        """PROMPT rendered for each question, in one round trip."""
-        if not questions:
-            return []
-        values = self._call(("render", [(str(q), dict(extra)) for q in questions]))
-        if not (isinstance(values, list) and len(values) == len(questions) and all(isinstance(v, str) for v in values)):
-            with self._named():
-                raise HarnessError("rollout.py: rendered prompts did not come back as one string per question")
-        return values
+    def render_prompts(self, questions: Sequence[str], scaffold: str | None = None) -> list[str]:
+        """PROMPT rendered for each question by the trusted prompt worker (harness/prompts.py),
+        with only the question and the scaffold as inputs."""
+        try:
+            return render_prompts(self.prompt_source, questions, scaffold)
+        except HarnessError as exc:
+            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
 
-    def render_prompt(self, question: str, **extra: Any) -> str:
-        return self.render_prompts([question], **extra)[0]
+    def render_prompt(self, question: str, scaffold: str | None = None) -> str:
+        return self.render_prompts([question], scaffold)[0]
 
     @property
     def probes(self) -> list[Probe]:

@@ -290,6 +290,44 @@ def _attr(module: ModuleType, filename: str, name: str) -> Any:
     return value
 
 
+def prompt_template(source: str) -> str:
+    """rollout.py's PROMPT, read from its text without running it: one top-level assignment of a
+    string literal, which no other statement rebinds. The trusted side renders prompts from this
+    string (harness/prompts.py), so nothing rollout.py does at run time can change a prompt."""
+    filename = "rollout.py"
+    try:
+        tree = ast.parse(source, filename=filename)
+    except (SyntaxError, ValueError) as exc:
+        raise HarnessError(f"{filename}: syntax error{_line(exc)}: {_msg(exc)} ({_needs(filename)})") from None
+    assigned = [node for node in tree.body
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and _is_prompt(node.targets[0]))
+                or (isinstance(node, ast.AnnAssign) and _is_prompt(node.target) and node.value is not None)]
+    if not assigned:
+        raise HarnessError(f"{filename}: PROMPT is not defined (a top-level PROMPT = \"...\" template string)")
+    stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "PROMPT" and isinstance(n.ctx, ast.Store)]
+    value = assigned[0].value
+    if len(assigned) > 1 or len(stores) > 1 or any(_rebinds_prompt(n) for n in ast.walk(tree)):
+        raise HarnessError(f"{filename}: PROMPT is assigned more than once; the trusted side reads it as data, "
+                           "so it must be one top-level string literal")
+    if not isinstance(value, ast.Constant):
+        raise HarnessError(f"{filename}: PROMPT must be a string literal (line {value.lineno}): the trusted side "
+                           "reads the template as data, without running rollout.py")
+    if not isinstance(value.value, str):
+        raise HarnessError(f"{filename}: PROMPT is {type(value.value).__name__}, expected a Jinja template string")
+    return value.value
+
+
+def _is_prompt(target: ast.AST) -> bool:
+    return isinstance(target, ast.Name) and target.id == "PROMPT"
+
+
+def _rebinds_prompt(node: ast.AST) -> bool:
+    """`global PROMPT`, `globals()["PROMPT"] = ...`, `setattr(..., "PROMPT", ...)` and the like."""
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return "PROMPT" in node.names
+    return isinstance(node, ast.Constant) and node.value == "PROMPT"
+
+
 def harness_version(sources: Mapping[str, str]) -> str:
     """sha256 of the harness files (names and contents), 12 hex chars."""
     digest = hashlib.sha256()
@@ -322,9 +360,7 @@ class Harness:
         self._keep_group = _attr(modules["filters.py"], "filters.py", "keep_group")
         self._weights = _attr(modules["curriculum.py"], "curriculum.py", "weights")
         self._stop = _attr(modules["rollout.py"], "rollout.py", "stop")
-        prompt = _attr(modules["rollout.py"], "rollout.py", "PROMPT")
-        if not isinstance(prompt, str):
-            raise HarnessError(f"rollout.py: PROMPT is {type(prompt).__name__}, expected a Jinja template string")
+        prompt = prompt_template(sources["rollout.py"])  # the text, whatever the module did at import
         try:
             env = SandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
             self._template = env.from_string(prompt)

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from evotrainer.api import SOURCE_REPORTED
 from evotrainer.backtest.metrics import COUNTS, LOWER_IS_BETTER, METRICS
 from evotrainer.backtest.report import helps
 from evotrainer.coevolve.state import RunState
@@ -69,6 +70,7 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
     """One row per (run, round): metrics, health, the live harness commit and loop events."""
     health = round_health(store)
     judged = judged_rounds(store)
+    reported = store.flagged_counts(SOURCE_REPORTED)  # outcomes another engine reported, by round id
     history = {h["round"]: h for h in (state.history if state else [])}
     runs = store.run_names()
     out = []
@@ -81,6 +83,7 @@ def rounds(store: Store, state: RunState | None) -> list[dict[str, Any]]:
             "finished": r["finished_at"] is not None,
             "heldout_success": metrics.get("heldout_success"), "train_reward": metrics.get("train_reward"),
             "judge_verified": (r["run_id"], r["index"]) in judged,
+            "source_reported": reported.get(r["id"], 0),
             "train_success": metrics.get("train_success"), "step_time": metrics.get("step_time"),
             "dead_group_ratio": h.get("dead_group_ratio"), "effective_data_ratio": h.get("effective_data_ratio"),
             "n_rollouts": h.get("n_rollouts", 0),

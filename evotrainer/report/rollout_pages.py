@@ -21,7 +21,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from evotrainer.api import JUDGE_VERIFIED
+from evotrainer.api import JUDGE_VERIFIED, SOURCE_REPORTED
 from evotrainer.store import Store
 
 DETAIL_PAGE = 100
@@ -177,6 +177,9 @@ def detail_html(row: dict, same_prompt_as: str | None = None) -> str:
     flags = ", ".join(row["outcome_flags"] or ())
     # The judged domain's success is an LLM panel's verdict: labelled so beside every outcome.
     judged = ' <span class="badge judged">judge-verified</span>' if JUDGE_VERIFIED in (row["outcome_flags"] or ()) else ""
+    # An imported outcome that another engine reported (api.SOURCE_REPORTED): not our verdict either.
+    if SOURCE_REPORTED in (row["outcome_flags"] or ()):
+        judged += ' <span class="badge judged">source-reported</span>'
     parts = [
         f'<article class="rollout" id="s{row["seq"]}"><details><summary><code>{_text(rid[:14])}</code> '
         f'<span class="kind {ok}">{_text(row["outcome_kind"])}</span>{judged} <span class="muted">task '

@@ -79,9 +79,13 @@ try:
             if kind == "tmp":
                 os.makedirs(t, exist_ok=True)
                 mount("tmpfs", t, "tmpfs", NOSUID | NODEV, "size=%dm,mode=1777" % cfg["tmpfs_mb"]); continue
+            if kind == "empty":  # covers a folder an earlier bind brought in (site-packages)
+                os.makedirs(t, exist_ok=True)
+                mount("tmpfs", t, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+                mount(None, t, None, REMOUNT | RDONLY | NOSUID | NODEV); continue
             if os.path.isdir(src):
                 os.makedirs(t, exist_ok=True)
-            else:
+            elif not os.path.exists(t):  # a file covered inside an earlier read-only bind exists already
                 os.makedirs(os.path.dirname(t), exist_ok=True); open(t, "a").close()
             mount(src, t, None, BIND | REC)
             flags = {"ro": RDONLY | NODEV, "dev": RDONLY, "rw": NODEV}[kind]
@@ -156,6 +160,13 @@ try:
     if cfg["uid"] is not None:
         os.setgroups([]); os.setgid(cfg["uid"]); os.setuid(cfg["uid"])
     st["uid"] = os.getuid()
+    if st.get("userns"):
+        # uid 0 of its own user namespace: exec would hand the command every capability there
+        # (chroot twice to leave its root, umount what covers a hidden path). SECBIT_NOROOT and
+        # no ambient raise, both locked: the command execs with none.
+        if libc.prctl(28, 0x1 | 0x2 | 0x40 | 0x80, 0, 0, 0) != 0:  # PR_SET_SECUREBITS
+            raise OSError(ctypes.get_errno(), "securebits")
+        st["no_caps"] = True
     st["no_new_privs"] = libc.prctl(38, 1, 0, 0, 0) == 0
     os.chdir(cfg["cwd"])
     report()
@@ -176,7 +187,9 @@ def _limits(cpu_s: int, mem_mb: int, fsize_mb: int, nproc: int) -> dict[str, int
 def _launcher_config(argv, work: Path, repo: Path, env, uid, limits, *, netns, mountns, pidns, cgroup, hide,
                      exe, root: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`root` ({"dir": an empty folder, "binds": [[src, dst, kind], ...]}, see `root_binds`): the
-    command runs chrooted in a fresh root that holds only those paths; `hide` is then moot."""
+    command runs chrooted in a fresh root that holds only those paths; `hide` is then moot. A
+    bind's kind is ro, rw, dev (read-only, devices allowed), link (a symlink to src), tmp (a
+    private writable tmpfs) or empty (an empty read-only folder over what an earlier bind holds)."""
     expose = _python_paths(exe) if uid is not None and root is None else []
     return {"cmd": list(argv), "exe": exe, "parent": os.getpid(), "env": dict(env), "cwd": str(repo), "workdir": str(work),
             "uid": uid, "limits": limits, "netns": netns, "mountns": mountns, "pidns": pidns, "cgroup": cgroup,

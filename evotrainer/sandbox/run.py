@@ -32,11 +32,13 @@ writable; RLIMIT_NPROC under the fresh uid, which is unique to this execution, s
 exactly the sandbox's; and the parent's budget check, which kills the run once it holds `nproc`
 processes. What is real depends on the machine; `isolation_support()` says.
 
-Not a container: the command still reads every host file an unprivileged user may read (except
-`hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
+Without `root=` it is not a container: the command still reads every host file an unprivileged
+user may read (except `hide`), shares the kernel, and where a namespace is unavailable it shares that resource (the
 network, /tmp, the process list) with the host. No seccomp filter here: seccomp.py holds one for
 Python workers that need no processes (the harness workers, evotrainer/harness/sandbox_launch.py,
-which also run in the launcher's minimal-root mode instead of `hide`).
+which also run in the launcher's minimal-root mode instead of `hide`). With `root=` a Python
+command gets that mode too: a fresh root with the interpreter and what it needs, and nothing else
+of the host (python_root.py; code checks and user checks use it).
 
 Layout: this module is the runner (the copy, supervision, the result); launcher.py starts the
 command inside its isolation; processes.py counts, contains and kills its processes.
@@ -78,6 +80,7 @@ from evotrainer.sandbox.processes import (
     _sweep,
 )
 from evotrainer.sandbox.protected import protected
+from evotrainer.sandbox.python_root import python_root
 
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", ".jj"})
 OUTPUT_CAP = 64 * 1024  # bytes kept of stdout and of stderr (head and tail)
@@ -181,6 +184,7 @@ def run_sandboxed(
     network: bool = False,
     list_workdir: bool = False,
     stdin: bytes | None = None,
+    root: str | None = None,
 ) -> SandboxResult:
     """Run `cmd` in a fresh copy of `src` (+ `files`; None removes) under limits; see the module docstring.
 
@@ -188,13 +192,19 @@ def run_sandboxed(
     `hide` lists host paths the command must not see (the task's originals); the workspaces and
     stores this process opened are always hidden too (protected.py). `network=True`
     skips the network namespace. `stdin` is fed to the command (then closed): inputs passed this
-    way never exist as files the command could find. Raises SandboxError only when the sandbox
-    cannot be set up.
+    way never exist as files the command could find. `root` ("stdlib" or "packages", a Python
+    `cmd` only): the command runs chrooted in a fresh root that holds the interpreter and what it
+    needs, its own folder, and nothing else of the host (python_root.py). Raises SandboxError only
+    when the sandbox cannot be set up (a `root` without a mount namespace among those cases).
     """
     if not cmd:
         raise ValueError("cmd must not be empty")
     support = isolation_support()
+    if root is not None and not support["mountns"]:
+        raise SandboxError(f"a sandboxed run in its own root needs a mount namespace, and this machine gives none"
+                           f"{' (' + support['probe_error'] + ')' if support.get('probe_error') else ''}")
     work = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-"))
+    mountpoint: Path | None = None
     cgroup_dir: Path | None = None
     uid = _fresh_uid() if support["uid_drop"] else None
     start = time.monotonic()
@@ -223,6 +233,14 @@ def run_sandboxed(
         exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env["PATH"])
         if exe is None:
             raise SandboxError(f"command not found on the sandbox PATH: {argv[0]}")
+        hidden = _hideable([*hide, *protected()], work, exe)
+        chroot = None
+        if root is not None:
+            # the mount point lies outside `work`, which is bound into the root itself
+            mountpoint = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-root-"))
+            exe, binds = python_root(exe, root, str(work), hidden)
+            argv[0] = exe
+            chroot, hidden = {"dir": str(mountpoint), "binds": binds}, []
         cgroup_dir = _make_cgroup(nproc) if support["cgroup_pids"] else None
         # RLIMIT_NPROC counts every process of the real uid: under our own (non-root) uid the
         # ones already running count too, so the sandbox gets nproc on top of them.
@@ -231,13 +249,15 @@ def run_sandboxed(
             argv, work, repo, env, uid, _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc + own),
             netns=not network and support["netns"], mountns=support["mountns"], pidns=support["pidns"],
             cgroup=str(cgroup_dir / "cgroup.procs") if cgroup_dir else None,
-            hide=_hideable([*hide, *protected()], work, exe), exe=exe)
+            hide=hidden, exe=exe, root=chroot)
         return _supervise(cfg, work, out, uid, cgroup_dir, nproc, timeout_s, start, list_workdir, stdin)
     finally:
         _sweep(None, uid, cgroup_dir)
         if cgroup_dir is not None:
             _remove_cgroup(cgroup_dir)
         _rmtree(work)
+        if mountpoint is not None:
+            _rmtree(mountpoint)
 
 
 def _hideable(hide: Sequence[Path | str], work: Path, exe: str) -> list[str]:

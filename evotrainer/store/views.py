@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import String, case, cast, func, select
 from sqlalchemy.engine import Engine
 
 from evotrainer.store.models import RolloutRow, Round, Run, Task
@@ -39,6 +39,22 @@ class ViewReads:
         query = select(c.round_id, c.outcome_kind, c.kept, func.count()).group_by(c.round_id, c.outcome_kind, c.kept)
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(query)]
+
+    def flagged_counts(self, flag: str, scope: RolloutScope | None = None,
+                       ids: Iterable[str] | None = None) -> dict[int | None, int]:
+        """round id -> rollouts (in the scope, among `ids`) whose outcome carries `flag`, such as
+        api.SOURCE_REPORTED; rounds without any are left out. Flags are a JSON list: matched as text."""
+        c = RolloutRow.__table__.c
+        query = (scope or RolloutScope()).where(
+            select(c.round_id, func.count()).where(cast(c.outcome_flags, String).like(f'%"{flag}"%')))
+        out: dict[int | None, int] = {}
+        with self.engine.connect() as conn:
+            if ids is None:
+                return {round_id: n for round_id, n in conn.execute(query.group_by(c.round_id))}
+            for chunk in chunks(dict.fromkeys(ids)):
+                for round_id, n in conn.execute(query.where(c.id.in_(chunk)).group_by(c.round_id)):
+                    out[round_id] = out.get(round_id, 0) + n
+        return out
 
     def round_rows(self, round_id: int | None, columns: Sequence[str], page: int = 2000) -> Iterator[dict[str, Any]]:
         """One round's rollouts (None: those stored without a round) in store order, as dicts of

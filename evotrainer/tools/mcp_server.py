@@ -42,7 +42,12 @@ class Session:
 
 def resolve_round(workdir: Path, run: str | None, round_index: int | None) -> tuple[str, int]:
     """The run and round to serve: the flags, else the co-evolution run in `<workdir>/coevolve.json`
-    and the round it is on (the one waiting for proposals while the loop's stage is `propose`)."""
+    and the round it is on (the one waiting for proposals while the loop's stage is `propose`).
+
+    A run between rounds (stage `train`: the last round finished, the next not trained yet, which is
+    how a finished `make train` leaves it) serves its last finished round. A workspace with no
+    co-evolution run (rollouts imported from another trainer) serves the store's run, the one
+    named by --run or the only one, at its last round."""
     from evotrainer.coevolve.state import RunState
 
     if run is not None and round_index is not None:
@@ -50,11 +55,42 @@ def resolve_round(workdir: Path, run: str | None, round_index: int | None) -> tu
     path = workdir / "coevolve.json"
     state = RunState.load(path) if path.is_file() else None
     if state is None:
-        raise UserError(f"{workdir}: no co-evolution run here ({path.name} is missing): start one with "
-                        "`evotrainer coevolve --agent external`, or pass --run and --round")
+        return _store_round(workdir, run, round_index)
     if run is not None and run != state.run:
         raise UserError(f"--run {run!r}: {path} holds run {state.run!r}; pass --round too to serve another run")
-    return state.run, state.round if round_index is None else round_index
+    if round_index is not None:
+        return state.run, round_index
+    if state.stage == "train" and state.round > 0:
+        return state.run, state.round - 1
+    return state.run, state.round
+
+
+def _store_round(workdir: Path, run: str | None, round_index: int | None) -> tuple[str, int]:
+    """The run and round of a workspace whose store holds runs but no co-evolution state."""
+    from evotrainer.store import Store
+    from evotrainer.store.store import ABANDONED_SUFFIX
+
+    if not (workdir / "store.db").is_file():
+        raise UserError(f"{workdir}: no co-evolution run here (coevolve.json is missing) and no store: start one "
+                        "with `evotrainer coevolve --agent external`, import rollouts with `evotrainer rollouts "
+                        "import`, or pass --run and --round")
+    with Store.open(workdir) as store:
+        names = {name: rid for rid, name in store.run_names().items() if not name.endswith(ABANDONED_SUFFIX)}
+        if run is None:
+            if len(names) != 1:
+                raise UserError(f"{workdir}: no co-evolution run here (coevolve.json is missing) and the store "
+                                f"holds {len(names)} runs ({', '.join(sorted(names)) or 'none'}): pass --run, or start "
+                                "one with `evotrainer coevolve --agent external`")
+            [run] = names
+        if run not in names:
+            raise UserError(f"--run {run!r}: no such run in the store of {workdir} "
+                            f"(runs: {', '.join(sorted(names)) or 'none'})")
+        indices = [r["index"] for r in store.rounds(names[run])]
+    if round_index is not None:
+        return run, round_index
+    if not indices:
+        raise UserError(f"run {run!r} has no rounds in the store of {workdir}")
+    return run, max(indices)
 
 
 def tool_list() -> list[Any]:

@@ -32,6 +32,7 @@ from evotrainer.tools.registry import (
     BUDGET_EXHAUSTED,
     FAILED,
     NOT_FOUND,
+    REFUSED,
     TOOLS,
     UNKNOWN_TOOL,
     ToolError,
@@ -70,6 +71,7 @@ class Toolbox:
         self.transcript = Transcript(transcript_path(self.ws.root, run, self.round))
         self.calls = 0  # calls answered, errors included
         self.refused_calls = 0  # calls refused because the budget was spent
+        self.refused_answers = 0  # calls answered `refused` (the trust boundary); they count in `used`
         self._hidden: set[tuple[str, str]] | None = None
 
     def __enter__(self) -> Toolbox:
@@ -102,7 +104,10 @@ class Toolbox:
         else:
             self.calls += 1
             out = self._run(name, args)
-        out["calls"] = {"used": self.calls, "max": self.max_calls, "refused": self.refused_calls}
+            self.refused_answers += not out["ok"] and out["error"]["kind"] == REFUSED
+        # `refused`: every call refused, at the trust boundary or past the budget
+        out["calls"] = {"used": self.calls, "max": self.max_calls,
+                        "refused": self.refused_answers + self.refused_calls}
         self.transcript.append({"seq": self.calls + self.refused_calls, "tool": name, "args": clip(args),
                                 "ok": out["ok"], **({"result": clip(out["result"])} if out["ok"]
                                                     else {"error": out["error"]}),

@@ -1,5 +1,6 @@
 """Held-out evaluation: greedy decoding, fixed seeds, the trusted check, nothing from the harness
-but the prompt template and the completion length. The generation backend (hf, vllm, openai)
+but the prompt template (its PROMPT text, rendered by the trusted prompt worker from the task's
+question alone: harness/prompts.py) and the completion length. The generation backend (hf, vllm, openai)
 only produces text; success is always computed here by the domain's trusted check."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from evotrainer.api import JUDGE_VERIFIED
 from evotrainer.domains.base import Domain, Task, prompt_scaffold
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness
+from evotrainer.harness.prompts import render_prompts
 from evotrainer.policy.backends import GenerationBackend, get_backend, require_vllm
 
 # Re-exported: the hf helpers used to live here.
@@ -85,7 +87,8 @@ def evaluate(model, tokenizer, domain: Domain, harness: IsolatedHarness | Harnes
 
     torch.manual_seed(seed)
     backend = backend or HFBackend(model, tokenizer, batch_size)
-    prompts = harness.render_prompts([t.prompt for t in tasks], scaffold=prompt_scaffold(domain))
+    # the template as text, rendered where no harness code runs; never the answer as an input
+    prompts = render_prompts(harness.prompt_source, [t.prompt for t in tasks], prompt_scaffold(domain))
     result = EvalResult(seed=seed, n=len(tasks), successes=0)
     generations = backend.generate(prompts, max_new_tokens, on_batch)
     if len(generations) != len(tasks):

@@ -30,6 +30,7 @@ from evotrainer.policy import adapter_version, load_policy
 from evotrainer.store import Store
 from evotrainer.train.evaluate import EvalResult, check_backends, eval_backend_name, evaluate, make_eval_backend
 from evotrainer.train.splits import carve_validation
+from evotrainer.train.step_stats import step_stats
 from evotrainer.workspace import ensure_workspace
 
 
@@ -409,7 +410,8 @@ def _round_summary(index: int, evals: list[EvalResult], validation: list[EvalRes
     )
     summary.metrics = {"heldout_success": summary.heldout_success, "train_reward": summary.train_reward,
                        "train_success": summary.train_success, "step_time": summary.step_time,
-                       "heldout_by_seed": {e.seed: e.success_rate for e in evals}}
+                       "heldout_by_seed": {e.seed: e.success_rate for e in evals},
+                       "steps": step_stats(history)}  # the optimiser's per-step statistics (TRL's logs)
     if validation:
         summary.validation_success = _pooled(validation)
         summary.metrics["validation_success"] = summary.validation_success
