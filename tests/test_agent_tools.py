@@ -353,6 +353,9 @@ def test_heldout_and_validation_rollouts_are_never_returned(work):
     with tools(work, round_index=1) as tb:
         for rid in ("h0001", "v0001"):
             assert "held-out or validation" in err(tb.call("show_rollout", {"id": rid}), "refused")
+        # A prefix is refused without echoing the hidden rollout's full id (issue 32).
+        refused = err(tb.call("show_rollout", {"id": "h00"}), "refused")
+        assert "held-out or validation" in refused and "h0001" not in refused
         listed = ok(tb.call("list_rollouts", {"limit": 100}))
         assert [r["id"] for r in listed["rollouts"]] == ["m0001"]
         assert ok(tb.call("list_rollouts", {"task_id": "t-held"}))["total"] == 0
@@ -370,3 +373,25 @@ def test_no_backtest_over_a_round_with_heldout_rollouts(work):
         edits = {"reward.py": tb.repo.sources("main")["reward.py"] + "\n# note\n"}
         ok(tb.call("write_candidate", {"slug": "note", "edits": edits, **CANDIDATE}))
         assert "held-out" in err(tb.call("backtest_candidate", {"branch": "candidate/1-note"}), "refused")
+
+
+@pytest.mark.parametrize("frame", [b'["done", 1]', b'["error", "our code broke"]', b'["ready", [{}, {}]]'])
+def test_a_candidate_that_writes_frames_while_loading_is_a_failed_write_not_a_crash(work, frame):
+    """Issue 32: harness code writing a well-formed frame of the wrong kind on its worker socket
+    while the propose stage loads it made the parent raise SandboxError, which stopped the stage."""
+    with tools(work) as tb:
+        reward = tb.repo.sources("main")["reward.py"] + f'''
+
+import random
+import struct
+
+for _f in random._os.listdir("/proc/self/fd"):
+    try:
+        if random._os.readlink("/proc/self/fd/" + _f).startswith("socket:"):
+            random._os.write(int(_f), struct.pack("!i", {len(frame)}) + {frame!r})
+    except OSError:
+        pass
+'''
+        why = err(tb.call("write_candidate", {"slug": "frames", "edits": {"reward.py": reward}, **CANDIDATE}),
+                  "failed")
+        assert "does not load" in why and "candidate/0-frames" not in tb.repo.candidates()

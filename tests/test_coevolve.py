@@ -345,3 +345,90 @@ def test_a_change_reverted_against_its_control_arm_hands_the_next_round_the_arms
     with pytest.raises(RuntimeError, match="stop here"):
         loop.stage_train(state)
     assert asked == ["adapters/tiny~control/round-1"]
+
+
+def test_a_mention_of_the_trusted_probe_does_not_pre_empt_it(loop):
+    """Issue 32: a promoted candidate whose diagnostics.py only *mentions* the probe's name (a
+    comment, a decoy function of that name, a probe of that name that always reads 0) made the
+    loop skip the trusted probe after a later revert. It is recognised by structure now."""
+    decoy = loop.repo.sources("main")["diagnostics.py"] + f'''
+
+# {FAILURE_PROBE}: the loop adds this probe after a live contradiction; it is here already.
+def {FAILURE_PROBE}(rollouts, rewards):
+    return 0.0
+
+
+PROBES.append({{"name": "{FAILURE_PROBE}", "dimension": "result", "fn": {FAILURE_PROBE},
+               "warn": 1e9, "critical": 2e9, "direction": "above"}})
+'''
+    first = loop.repo.propose(0, "notes", {"diagnostics.py": decoy}, diagnosis="d", targets="diagnostics",
+                              expected="e")
+    loop.repo.promote(first.branch, "diagnostics only")
+    store, run_id, round0, round1, cand, merge = promoted_after_round0(loop)
+    store.add_eval(run_id, round0, "validation", "a0", 0, 200, 120, {})
+    store.add_eval(run_id, round1, "validation", "a1", 0, 200, 60, {})
+    state = _state(loop, round=1, stage="verify",
+                   pending=Pending(merge, cand.branch, "partial-credit-format", {"weight": 0.1}, "bt-x",
+                                   "dead_group_ratio", 0))
+    loop.stage_verify(state)
+    assert [c for c in loop.repo.log(first_parent=True) if "Reverted-Because" in c.trailers]
+    harness = loop.repo.load("main")
+    (probe,) = [p for p in harness.probes if p.name == FAILURE_PROBE]  # the decoy's entry was dropped
+    assert (probe.warn, probe.critical) == (0.05, 0.15)
+    failures = [_rollout(i, "g", "wrong", False) for i in range(2)]
+    assert probe.evaluate(failures, [0.5, 0.3]) == pytest.approx(0.4)  # the trusted code, not the decoy's 0.0
+    harness.close()
+
+
+@pytest.mark.parametrize("after, recognised", [
+    ("", True),
+    ("\n\ndef other(rollouts, rewards):\n    return 1.0\n", True),
+    ("\nPROBES.pop()\n", False),
+    ("\n\ndef failure_reward_mean(rollouts, rewards):\n    return 0.0\n", False),
+    ("\nimport sys\n", False),
+    ("\nglobals()['PRO' + 'BES'] = []\n", False),
+])
+def test_the_trusted_probe_is_recognised_by_structure(after, recognised):
+    from evotrainer.coevolve.probes import failure_reward_probe, has_probe
+
+    block = failure_reward_probe(FAILURE_PROBE)
+    assert not has_probe(f"PROBES = []\n# {FAILURE_PROBE}\n", FAILURE_PROBE)
+    assert not has_probe(f"PROBES = []\n'''{block}'''\n", FAILURE_PROBE)  # the text in a string
+    assert has_probe("PROBES = []\n" + block + after, FAILURE_PROBE) is recognised
+
+
+def test_a_candidate_breaking_the_worker_protocol_is_rejected_by_the_stage_and_its_resume(loop, tmp_path):
+    """Issue 32: a reward.py that writes a well-formed frame of the wrong kind on its worker
+    socket made coevolve's backtest stage (and every --resume after it) die with SandboxError."""
+    from evotrainer.coevolve.state import Candidate
+
+    seed_round(loop.ws.root)
+    evil = loop.repo.sources("main")["reward.py"].replace("def reward(", "def _honest_reward(", 1) + '''
+
+import random
+import struct
+
+
+def reward(rollout):
+    frame = b'["ready", [{}, {}]]'
+    for f in random._os.listdir("/proc/self/fd"):
+        try:
+            if random._os.readlink("/proc/self/fd/" + f).startswith("socket:"):
+                random._os.write(int(f), struct.pack("!i", len(frame)) + frame)
+        except OSError:
+            pass
+    return _honest_reward(rollout)
+'''
+    cand = loop.repo.propose(0, "frames", {"reward.py": evil}, diagnosis="d", targets="dead_group_ratio",
+                             expected="e")
+    state = _state(loop, stage="backtest", candidates=[
+        Candidate("frames", cand.branch, None, {}, "dead_group_ratio", "e")])
+    loop.stage_backtest(state)
+    (c,) = state.candidates
+    assert c.decision == "reject" and any("broke the message protocol" in r for r in c.reasons), c.reasons
+    # --resume: a fresh loop on the same workspace reads the saved state and goes on
+    again = Coevolution(loop.config, tmp_path / "work")
+    resumed = RunState.load(again.state_path)
+    resumed.candidates[0].backtest = None  # as if the kill came before the report was recorded
+    again.stage_backtest(resumed)
+    assert resumed.candidates[0].decision == "reject"

@@ -406,3 +406,43 @@ def test_commits_work_without_a_git_identity(tmp_path, monkeypatch):
     repo = HarnessRepo(ws.harnesses)
     merge = repo.promote(propose(repo).branch, "ok")
     assert git.Repo(ws.harnesses).commit(merge).author.name == "evotrainer"
+
+
+# ---------------------------------------------------------------- any byte in a commit message
+
+
+def _hand_made(repo: HarnessRepo, branch: str, message: bytes, author: bytes = b"A\x1fB") -> str:
+    """A commit written with git directly (as an attacker with the repo could), any bytes in it."""
+    tree = git_out(repo.path, "rev-parse", "main^{tree}").strip()
+    parent = git_out(repo.path, "rev-parse", "main").strip()
+    raw = (f"tree {tree}\nparent {parent}\n".encode() + b"author " + author + b" <a@b> 1700000000 +0000\n"
+           + b"committer X <x@y> 1700000000 +0000\n\n" + message)
+    sha = subprocess.run(["git", "-C", str(repo.path), "hash-object", "-t", "commit", "-w", "--literally", "--stdin"],
+                         input=raw, check=True, capture_output=True).stdout.decode().strip()
+    git_out(repo.path, "update-ref", f"refs/heads/{branch}", sha)
+    return sha
+
+
+@pytest.mark.parametrize("message, author", [
+    (b"sub\x1fject \x1e more\n\nbody \x1e\x1f x\n\nDiagnosis: d\x1f\x1e\n", b"A\x1fB\x1e"),
+    (b"cut\x00 after a NUL \x1f\n\nTargets: reward\n", b"A\x00B"),  # git prints up to the NUL
+    (b"\x1e\x1e\x1e", b"\x1f"),
+    (b"no date", b"broken ident without an email"),
+])
+def test_separator_bytes_in_a_hand_made_commit_do_not_break_the_log(tmp_path, message, author):
+    runner = CliRunner()
+    work = tmp_path / "work"
+    assert runner.invoke(main_app, ["init", "--domain", "math", "--workdir", str(work)]).exit_code == 0
+    repo = HarnessRepo(work / "harnesses")
+    honest = propose(repo)
+    sha = _hand_made(repo, "candidate/1-evil", message, author)
+    log = {c.sha: c for c in repo.log(branches=True)}
+    assert sha in log and honest.sha in log and len(log) == len(git_out(repo.path, "rev-list", "--all").split())
+    assert log[sha].parents == (repo.resolve("main"),)
+    assert "candidate/1-evil" in log[sha].refs
+    # the backtest's record of its verdict on the branch, and the CLI's full log, both go on
+    recorded = repo.record_backtest("candidate/1-evil", "bt-evil")
+    assert repo.log(rev=recorded, limit=1)[0].trailers.get("Backtest", "").endswith("bt-evil")
+    full = runner.invoke(harness_app, ["log", "--all", "--workdir", str(work)])
+    assert full.exit_code == 0, full.output
+    assert "Partial credit (round 1)" in full.output

@@ -10,7 +10,6 @@ with the verified outcomes read from the store (rows.Fact), never with anything 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,11 +17,17 @@ from typing import Any
 
 from evotrainer.backtest.metrics import Tally, group_advantages
 from evotrainer.backtest.rows import Fact
-from evotrainer.harness.loader import SPEC_FILE, HarnessError, parse_spec, validate_weights, weighted_reward
+from evotrainer.harness.loader import (
+    REWARD_BOUND,
+    SPEC_FILE,
+    HarnessError,
+    parse_spec,
+    validate_training_reward,
+    validate_weights,
+    weighted_reward,
+)
 from evotrainer.harness.sandbox import CandidateFailure
 
-# No honest reward comes near this; beyond it, sums and squares in the metrics lose all precision.
-REWARD_BOUND = 1e9
 _KEYS = ("ids", "rewards", "keep", "cut", "keep_group", "counterfactual")
 
 
@@ -142,11 +147,13 @@ def add_values(tally: Tally, side: Side, groups: Sequence[Sequence[Fact]], value
 
 
 def _training_reward(side: Side, comps: Mapping[str, float], fact: Fact) -> float:
+    """Bounded as training bounds it (loader.REWARD_BOUND): a reward the trainer would refuse
+    fails the candidate here, not the first training step after its promotion."""
     value = weighted_reward(side.reward_weights, comps)
-    if not math.isfinite(value):
-        raise CandidateFailure(f"the training reward (weighted sum of {comps}) is {value} "
-                               f"(on rollout {fact.id})", side.label)
-    return value
+    try:
+        return validate_training_reward(value, comps)
+    except HarnessError as exc:
+        raise CandidateFailure(f"{exc} (on rollout {fact.id})", side.label) from None
 
 
 class Fingerprint:

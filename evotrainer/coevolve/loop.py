@@ -505,10 +505,10 @@ class Coevolution:
     def _revise_diagnostics(self, state: RunState, pending: Pending, verdict: Verdict) -> None:
         """The backtest predicted a gain and live training disagreed: add the probe that would
         have flagged the change. Probes do not change training, so this commit skips the gate."""
-        from evotrainer.coevolve.probes import failure_reward_probe
+        from evotrainer.coevolve.probes import failure_reward_probe, has_probe
 
         sources = self.repo.sources("main")
-        if FAILURE_PROBE in sources.get("diagnostics.py", ""):
+        if has_probe(sources.get("diagnostics.py", ""), FAILURE_PROBE):  # parsed: a mention is not the probe
             return
         new = sources["diagnostics.py"].rstrip("\n") + "\n\n" + failure_reward_probe(FAILURE_PROBE)
         slug = f"probe-{FAILURE_PROBE.replace('_', '-')}"

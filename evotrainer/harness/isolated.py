@@ -18,8 +18,8 @@ an in-process Harness was; the pool is started again on the next call.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from evotrainer.harness.loader import (
     validate_probes,
     validate_reward,
     validate_stop,
+    validate_training_reward,
     validate_weights,
 )
 from evotrainer.harness.prompts import render_prompts
@@ -62,6 +63,16 @@ class HarnessCalls:
 
     def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         return None
+
+    def calls(self, message: tuple) -> int:
+        """At most how many harness calls `run` makes for this message: the parent's deadline
+        for it is that many per-call budgets (SandboxPool._budget), whatever the worker reports."""
+        kind = message[0]
+        if kind == "reward":
+            return len(message[1])
+        if kind == "filters":
+            return sum(1 + len(dicts) for dicts, _ in message[1])
+        return 1  # describe, weights, stop, probe: one call (describe reads attributes only)
 
     def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> Any:
         h = harnesses[LABEL]
@@ -143,11 +154,23 @@ class IsolatedHarness:
             raise HarnessError(f"harness {self.version[:12]}: {failure.reason}") from None
         raise HarnessError(f"harness {self.version[:12]}: no reply from the sandbox worker")
 
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """A HarnessError raised by a check of a reply names the harness commit (the one the
+        loop reverts), as one raised by the worker does."""
+        try:
+            yield
+        except HarnessError as exc:
+            if str(exc).startswith("harness "):
+                raise
+            raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
+
     def _describe(self) -> dict:
         if self._described is None:
             described = self._call(("describe",))
             if not isinstance(described, dict) or not isinstance(described.get("prompt"), str):
-                raise HarnessError("rollout.py: PROMPT did not come back as a string")
+                with self._named():
+                    raise HarnessError("rollout.py: PROMPT did not come back as a string")
             self._described = described
         return self._described
 
@@ -184,8 +207,12 @@ class IsolatedHarness:
 
     def _probe_fn(self, name: Any) -> Callable[[Sequence[Rollout], Sequence[float]], Any]:
         def fn(rollouts: Sequence[Rollout], rewards: Sequence[float]) -> Any:
-            kind, value = self._call(("probe", name, [rollout_to_dict(r) for r in rollouts],
-                                      [float(w) for w in rewards]))
+            reply = self._call(("probe", name, [rollout_to_dict(r) for r in rollouts],
+                                [float(w) for w in rewards]))
+            if not (isinstance(reply, list) and len(reply) == 2 and reply[0] in ("value", "error")):
+                raise HarnessError(f"harness {self.version[:12]}: diagnostics.py: probe {name}(): "
+                                   "the sandbox worker sent a malformed reply")
+            kind, value = reply
             if kind == "error":
                 raise HarnessError(str(value))
             return value  # Probe.evaluate validates it here
@@ -197,7 +224,9 @@ class IsolatedHarness:
         return {p.name: p.evaluate(rollouts, rewards) for p in self.probes}
 
     def training_reward(self, components: Mapping[str, float]) -> float:
-        """The weighted sum of reward components; a component without a weight counts 1.0."""
+        """The weighted sum of reward components; a component without a weight counts 1.0.
+        Within REWARD_BOUND, as every reward() is (rewards() checks both), so the sums, squares
+        and advantages a step makes of a batch of them stay finite."""
         weights = self.spec.reward_weights
         return float(sum(weights.get(name, 1.0) * value for name, value in components.items()))
 
@@ -208,9 +237,13 @@ class IsolatedHarness:
         if not rollouts:
             return []
         values = self._call(("reward", [rollout_to_dict(r) for r in rollouts]))
-        if not isinstance(values, list) or len(values) != len(rollouts):
-            raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
-        return [validate_reward(v) for v in values]
+        with self._named():
+            if not isinstance(values, list) or len(values) != len(rollouts):
+                raise HarnessError("reward.py: reward() replies do not match the rollouts sent")
+            out = [validate_reward(v) for v in values]
+            for components in out:
+                validate_training_reward(self.training_reward(components), components)
+        return out
 
     def filters(self, groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]]) -> list[list[bool]]:
         """Per group, the kept flag of each rollout (keep_group and keep_rollout), in one round trip."""
@@ -218,6 +251,11 @@ class IsolatedHarness:
             return []
         values = self._call(("filters", [([rollout_to_dict(r) for r in rs], [float(w) for w in ws])
                                          for rs, ws in groups]))
+        with self._named():
+            return self._kept(groups, values)
+
+    @staticmethod
+    def _kept(groups: Sequence[tuple[Sequence[Rollout], Sequence[float]]], values: Any) -> list[list[bool]]:
         if not isinstance(values, list) or len(values) != len(groups):
             raise HarnessError("filters.py: replies do not match the groups sent")
         out = []
@@ -238,10 +276,13 @@ class IsolatedHarness:
     def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
         stats = tuple(task_stats)
         value = self._call(("weights", [_stats_to_dict(s) for s in stats]))
-        return validate_weights(value, [s.task_id for s in stats])
+        with self._named():
+            return validate_weights(value, [s.task_id for s in stats])
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
-        return validate_stop(self._call(("stop", [(t.role, t.content) for t in turns])))
+        value = self._call(("stop", [(t.role, t.content) for t in turns]))
+        with self._named():
+            return validate_stop(value)
 
 
 def isolated_from_folder(folder: Path | str, limits: SandboxLimits = SandboxLimits()) -> IsolatedHarness:

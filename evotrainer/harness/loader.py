@@ -60,6 +60,14 @@ def _real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+# No honest reward comes near this. Every training reward (the weighted sum of a reward's
+# components) stays within it, in training and in the backtest alike (whose parent also bounds
+# each component), so whatever a step or a metric makes of a batch of them (sums, squares, group
+# std, advantages) stays finite: 1e308 is finite, yet two of them sum to inf, and a GRPO step
+# would learn nothing, silently.
+REWARD_BOUND = 1e9
+
+
 def validate_reward(value: Any) -> dict[str, float]:
     where = "reward.py: reward()"
     if not isinstance(value, dict):
@@ -72,6 +80,14 @@ def validate_reward(value: Any) -> dict[str, float]:
             raise HarnessError(f"{where} returned {key!r}: {item!r}, expected a finite float")
         out[key] = float(item)
     return out
+
+
+def validate_training_reward(value: float, components: Mapping[str, float]) -> float:
+    """A training reward (the weighted sum of `components`): finite and within REWARD_BOUND."""
+    if not -REWARD_BOUND <= value <= REWARD_BOUND:
+        raise HarnessError(f"reward.py: the training reward (weighted sum of {dict(components)}) is {value:g}, "
+                           f"expected a finite float within +-{REWARD_BOUND:g}")
+    return value
 
 
 def validate_bool(value: Any, where: str) -> bool:
@@ -98,6 +114,8 @@ def validate_weights(value: Any, task_ids: Sequence[str]) -> dict[str, float]:
         out[key] = float(item)
     if out and not any(out.values()):
         raise HarnessError(f"{where} gave every task weight 0")
+    if not math.isfinite(sum(out.values())):  # each finite, yet a draw over them would divide by inf
+        raise HarnessError(f"{where} returned weights whose sum overflows: scale them down")
     return out
 
 

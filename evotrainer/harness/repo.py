@@ -20,7 +20,7 @@ import tempfile
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import git
@@ -38,8 +38,13 @@ SUBJECT_MAX = 72
 _SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _EXTRA_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.(?:py|yaml|j2|md)")
 _BACKTEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-# %x1f between fields, %x1e after each record: neither can appear in a commit message we write.
-_LOG_FORMAT = "%H%x1f%P%x1f%an%x1f%aI%x1f%D%x1f%s%x1f%b%x1f%(trailers:only,unfold)%x1e"
+# NUL between fields, and (`git log -z`) between records. A commit written with git directly can
+# hold any other byte in its message or author (the \x1f and \x1e this once used included), but
+# git prints each field only up to a NUL, so no field can hold one: every record is exactly
+# _FIELDS fields, whatever its text.
+_LOG_FORMAT = "%H%x00%P%x00%an%x00%aI%x00%D%x00%s%x00%b%x00%(trailers:only,unfold)"
+_FIELDS = 8
+_SHA = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 
 
 class HarnessRepoError(UserError, ValueError):
@@ -231,13 +236,13 @@ class HarnessRepo:
     def log(self, first_parent: bool = True, rev: str = MAIN, *, branches: bool = False,
             limit: int | None = None) -> list[CommitInfo]:
         """Newest first. Default: main's promotion history; `branches=True`: every branch, full."""
-        args = ["log", f"--format={_LOG_FORMAT}", "--decorate-refs=refs/heads/", "--topo-order"]
+        args = ["log", "-z", f"--format={_LOG_FORMAT}", "--decorate-refs=refs/heads/", "--topo-order"]
         if first_parent and not branches:
             args.append("--first-parent")
         if limit is not None:
             args.append(f"-n{int(limit)}")
         args += ["--branches"] if branches else [self.resolve(rev)]
-        return [_parse_record(r) for r in self._git(*args, strip=False).split("\x1e") if r.strip()]
+        return _parse_log(self._git(*args, strip=False), self.path)
 
     def show(self, rev: str) -> tuple[CommitInfo, str]:
         """A commit and its unified diff against its first parent (what a promotion did to main)."""
@@ -350,12 +355,17 @@ class HarnessRepo:
         if self.is_promoted(tip):
             raise HarnessRepoError(f"{branch} is already promoted; record its backtest before promoting")
         commit = self.repo.commit(tip)
-        ids = [v.strip() for v in self.log(rev=tip, limit=1)[0].trailers.get("Backtest", "").split(",")]
+        trailers = self.log(rev=tip, limit=1)[0].trailers
+        ids = [v.strip() for v in trailers.get("Backtest", "").split(",")]
         if backtest_id in ids:
             return tip
-        message = commit.message.rstrip("\n") + "\n" + _trailer("Backtest", backtest_id) + "\n"
-        author = {"GIT_AUTHOR_NAME": commit.author.name or IDENTITY[0],
-                  "GIT_AUTHOR_EMAIL": commit.author.email or IDENTITY[1],
+        # git refuses a NUL in a message it writes (a hand-made commit may hold one); a message
+        # without a trailer block (a hand-made one) gets one of its own, after a blank line
+        message = (commit.message.replace("\0", " ").rstrip("\n") + ("\n" if trailers else "\n\n")
+                   + _trailer("Backtest", backtest_id) + "\n")
+        # A hand-made commit's ident may hold a NUL, which no environment variable can carry.
+        author = {"GIT_AUTHOR_NAME": (commit.author.name or IDENTITY[0]).replace("\0", " "),
+                  "GIT_AUTHOR_EMAIL": (commit.author.email or IDENTITY[1]).replace("\0", " "),
                   "GIT_AUTHOR_DATE": f"{commit.authored_date} {_tz(commit.author_tz_offset)}"}
         with tempfile.TemporaryDirectory(prefix="evotrainer-amend-") as tmp:
             sha = self._commit_tree(commit.tree.hexsha, [p.hexsha for p in commit.parents], message, tmp, author)
@@ -506,8 +516,26 @@ def _tz(offset_seconds_west: int) -> str:
     return f"{sign}{abs(east) // 3600:02d}{abs(east) % 3600 // 60:02d}"
 
 
-def _parse_record(record: str) -> CommitInfo:
-    sha, parents, author, date, refs, subject, body, trailer_text = record.lstrip("\n").split("\x1f")
+def _parse_log(text: str, where: Path) -> list[CommitInfo]:
+    """`git log -z --format=_LOG_FORMAT` output: _FIELDS NUL-separated fields per record."""
+    fields = text.split("\0")
+    if len(fields) % _FIELDS == 1 and not fields[-1]:  # a final separator, or no output at all
+        fields.pop()
+    if len(fields) % _FIELDS or not all(_SHA.fullmatch(sha) for sha in fields[::_FIELDS]):
+        raise HarnessRepoError(f"{where}: git log printed records this reader does not understand")
+    return [_parse_record(fields[i:i + _FIELDS]) for i in range(0, len(fields), _FIELDS)]
+
+
+def _date(text: str) -> datetime:
+    """The author date; the epoch where git could not read one (a hand-made commit's ident)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return datetime.fromtimestamp(0, timezone.utc)
+
+
+def _parse_record(record: list[str]) -> CommitInfo:
+    sha, parents, author, date, refs, subject, body, trailer_text = record
     trailers: dict[str, str] = {}
     for line in trailer_text.splitlines():
         key, sep, value = line.partition(":")
@@ -519,5 +547,5 @@ def _parse_record(record: str) -> CommitInfo:
         paragraphs = paragraphs[:-1]  # git reads the trailer block from the last paragraph
     names = tuple(r.removeprefix("HEAD -> ") for r in refs.split(", ") if r and r != "HEAD")
     return CommitInfo(sha=sha, parents=tuple(parents.split()), author=author,
-                      date=datetime.fromisoformat(date), subject=subject,
+                      date=_date(date), subject=subject,
                       body="\n\n".join(paragraphs).strip(), trailers=trailers, refs=names)

@@ -24,16 +24,22 @@ introspectable, so determined code can switch them off, and then meets the OS sa
 
 A refused operation raises PermissionError/ImportError inside the harness *and* is recorded, so a
 harness that swallows the exception still fails. The parent enforces a time budget per harness
-call through a small shared page (which call is running, since when) and kills the worker when
-it is exceeded, so a hang in C code (a regex, numpy) is caught too; a memory cap turns a runaway
+call and kills the worker when it is exceeded, so a hang in C code (a regex, numpy) is caught
+too: a small shared page (which call is running, since when) names the call and kills early, and
+the parent's own per-message deadline (the message's harness calls times the per-call budget,
+where the job counts them) holds when harness code forges the page. A memory cap turns a runaway
 allocation into a MemoryError.
 
 The parent also assumes the worker may be compromised: workers answer in JSON (never pickle,
 which would run code in the parent), the parent reads only the bytes that are there (garbage in
 the socket cannot block it), messages go out on a sender thread (a big chunk never blocks the
 watchdog), and a worker that dies, stalls, writes into its socket or runs past the per-message
-budget fails the harness it was running. Nothing a worker does raises anything but
-CandidateFailure in the parent once the harnesses are loaded.
+budget fails the harness it was running. Every frame is bounded before it is decoded (size, and
+a count of containers and items), and any frame our worker code would not send where it came
+(a wrong kind, a reply nobody asked for) fails the harness; the callers check every value of a
+reply (types, finiteness, bounds). Nothing a worker does raises
+anything but CandidateFailure in the parent: before the harnesses are loaded, a fault is ours
+(SandboxError) only if a control worker that loads no harness fails the same way.
 
 `EVOTRAINER_HARNESS_ISOLATION=none` (documented in sandbox_launch.py) is the only way to run
 workers without the OS sandbox (forked from a local forkserver, guards only); without it, a

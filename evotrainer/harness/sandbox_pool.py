@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from evotrainer.errors import EvotrainerError
+from evotrainer.harness.redact import redact
 from evotrainer.harness.sandbox_failures import CandidateFailure, SandboxError
 from evotrainer.harness.sandbox_launch import INSIDE, SandboxedProcess, isolated
 from evotrainer.harness.sandbox_worker import (
@@ -38,7 +39,7 @@ class SandboxLimits:
     call_timeout_s: float = 5.0  # any one call into harness code
     load_timeout_s: float = 60.0  # executing the harness files in a worker
     memory_limit_mb: int = 4096  # address space of one worker (0: no limit)
-    # Any one message (a chunk): a bound that holds even if harness code forges the call marks.
+    # Any one message (a chunk) whose job does not say how many harness calls it makes.
     message_timeout_s: float = 600.0
 
 
@@ -51,6 +52,10 @@ class WorkerJob(Protocol):
 
     def run(self, state: Any, harnesses: Mapping[str, SandboxedHarness], message: Any) -> Any: ...
 
+    # Optional: `calls(message) -> int | None`, at most how many harness calls `run` makes for
+    # that message. With it the parent's own deadline for the message is that many per-call
+    # budgets (see SandboxPool._budget); without it, SandboxLimits.message_timeout_s.
+
 
 # ---------------------------------------------------------------- in the parent
 
@@ -60,7 +65,41 @@ class _Corrupt(EvotrainerError):
 
 
 _KINDS = {"ready": 2, "done": 2, "failed": 3, "error": 2}
-_MAX_MESSAGE = 256 * 2**20
+# What one frame from a worker may cost the parent to decode. json.loads turns two bytes into a
+# 64-byte list (`[]`) or an 8-byte pointer (`0,`), so the size cap alone would let a frame of
+# nested empty lists cost ~27x its size. A count of its brackets and separators (C speed, before
+# any decoding, over-counting those inside strings) bounds the objects decoding can make: at most
+# _MAX_CONTAINERS lists or dicts and _MAX_ITEMS items, so at most about 200 MB for any frame.
+# An honest reply is far below each (a backtest chunk of 4096 rollouts: ~0.6 MB, ~10k containers).
+_MAX_MESSAGE = 16 * 2**20
+_MAX_CONTAINERS = 2**18
+_MAX_ITEMS = 2**21
+_GRACE_S = 1.0  # a message's own work beside its harness calls (decoding rollouts, encoding the reply)
+
+
+def _text(value: Any) -> str:
+    """A string field of a worker's message (any JSON value a forger put there), bounded."""
+    return value[:20_000] if isinstance(value, str) else repr(value)[:2000]
+
+
+def _decode(payload: bytes) -> Any:
+    """A worker's frame as JSON, refused (_Corrupt) before decoding when it could cost more than
+    the bounds above."""
+    containers = payload.count(b"[") + payload.count(b"{")
+    if containers > _MAX_CONTAINERS:
+        raise _Corrupt(f"a frame of up to {containers} lists or objects (at most {_MAX_CONTAINERS})")
+    items = payload.count(b",") + payload.count(b":")
+    if items > _MAX_ITEMS:
+        raise _Corrupt(f"a frame of up to {items} items (at most {_MAX_ITEMS})")
+    try:
+        # NaN, Infinity and 1e999 (which reads as inf) decode; the consumers refuse them
+        # (validate_*, scoring.py) as they check everything else in a reply: a hook per float
+        # here would double the decoding time of a backtest reply.
+        return json.loads(payload)
+    except ValueError:
+        raise _Corrupt("a frame that is not JSON") from None
+    except RecursionError:  # nested past the parent's stack: a worker's own frame
+        raise _Corrupt("a frame nested too deeply") from None
 
 
 class _Worker:
@@ -73,7 +112,9 @@ class _Worker:
         self.since = 0.0  # when the message it now works on was sent, or its last reply came
         self.labels = [label for label, _ in harnesses]
         self.ready = False
+        self.started = time.monotonic()
         self.busy: list[int] = []  # message indexes in flight, oldest first
+        self.budgets: list[float] = []  # the parent's deadline of each, in seconds from `since`
         self.isolation: dict[str, Any] = {}
         self.tmpdir: str | None = None
         if ctx is None:
@@ -144,28 +185,32 @@ class _Worker:
             if len(self.buffer) < header + size:
                 break
             payload, self.buffer = self.buffer[header:header + size], self.buffer[header + size:]
-            try:
-                message = json.loads(payload)
-            except ValueError:
-                raise _Corrupt("a frame that is not JSON") from None
-            except RecursionError:  # nested past the parent's stack: a worker's own frame
-                raise _Corrupt("a frame nested too deeply") from None
-            if not (isinstance(message, list) and message and _KINDS.get(message[0]) == len(message)):
+            message = _decode(payload)
+            if not (isinstance(message, list) and message and isinstance(message[0], str)
+                    and _KINDS.get(message[0]) == len(message)):
                 raise _Corrupt("a message of unknown shape")
             out.append(message)
         return out
 
     def last_label(self) -> str:
-        slot = int(self.marks[0]) // 16
-        return self.labels[slot] if slot < len(self.labels) else "candidate"
+        """The harness to blame. The call marks are the worker's own (harness code can write
+        them), so they only choose among the harnesses this worker holds."""
+        if len(self.labels) == 1:
+            return self.labels[0]
+        slot = int(self.marks[0]) // 16 if 0 <= self.marks[0] < 16 * len(self.labels) else -1
+        return self.labels[slot] if 0 <= slot < len(self.labels) else (self.labels or ["candidate"])[-1]
+
+    def blame(self, label: Any) -> str:
+        """A label a worker's message names, if it is one this worker holds; else last_label()."""
+        return label if isinstance(label, str) and label in self.labels else self.last_label()
 
     def current_call(self) -> tuple[str, str, float] | None:
         """(harness label, what, seconds running) of the harness call in progress, if any."""
         code, started = self.marks[0], self.marks[1]
-        if not started:
+        if not started or not (0 <= code < 2**20 and 0 < started < 2**40):  # forged marks: no call
             return None
         slot, call = divmod(int(code), 16)
-        label = self.labels[slot] if slot < len(self.labels) else "?"
+        label = self.labels[slot] if slot < len(self.labels) else self.last_label()
         return label, _CALLS.get(call, "harness code"), time.monotonic() - started
 
     def reap(self, timeout: float) -> bool:
@@ -291,18 +336,50 @@ class SandboxPool:
         deadline = time.monotonic() + max(self.STARTUP_S, 2 * self.limits.load_timeout_s)
         while not all(w.ready for w in self.workers):
             for worker, kind, payload in self._poll(deadline):
-                if kind != "ready":
-                    raise SandboxError(f"worker sent {kind!r} before it was ready")
+                if kind != "ready" or worker.ready:  # only harness code, loaded by now, sends these
+                    self._violation(worker, f"a {kind!r} message before the worker was ready"
+                                    if kind != "ready" else "a second 'ready' message")
                 worker.ready = True
                 if not (isinstance(payload, list) and len(payload) == 2 and all(isinstance(p, dict) for p in payload)):
-                    label = worker.labels[-1]
-                    self.close()
-                    raise CandidateFailure("the sandbox worker sent a malformed ready message "
-                                           "(harness code wrote into its pipe?)", label)
+                    self._violation(worker, "a malformed ready message")
                 self.versions = payload[0]
-                worker.isolation.update(payload[1])
+                # what the launcher reported stands: the worker's own word only adds to it
+                worker.isolation.update({k: v for k, v in payload[1].items() if k not in worker.isolation})
         # What the workers really got (the launcher's report and the worker's own), e.g. for a report.
         self.isolation = dict(self.workers[0].isolation) if self.workers else {}
+
+    def _violation(self, worker: _Worker, what: str) -> NoReturn:
+        """A message our worker code never sends where it came: harness code wrote it."""
+        label = worker.last_label()
+        self.close()
+        raise CandidateFailure(f"the sandbox worker broke the message protocol ({what}; harness code "
+                               "wrote into its socket?)", label)
+
+    def _machine_fault(self) -> str | None:
+        """Why a worker that loads no harness cannot start here either, or None when it can.
+
+        The parent cannot tell a failure of our own start-up code from one harness code forged
+        (both come before the ready message, and the call marks are the worker's to write), so it
+        asks a control: the same job in a fresh worker with no harness at all. Only if that
+        fails too is it the machine's fault (SandboxError); otherwise the harness's."""
+        control = SandboxPool((), self.job, 1, self.limits)
+        try:
+            control.__enter__()
+        except SandboxError as exc:
+            return redact(str(exc))
+        except CandidateFailure as exc:  # nothing of a harness ran: ours after all
+            return exc.reason
+        finally:
+            control.close()
+        return None
+
+    def _failed_before_ready(self, worker: _Worker, what: str) -> NoReturn:
+        label = worker.labels[-1] if worker.labels else "candidate"
+        self.close()
+        fault = self._machine_fault() if self.harnesses else what
+        if fault is not None:
+            raise SandboxError(f"a sandbox worker could not start: {fault}")
+        raise CandidateFailure(f"{what} while loading the harnesses (a worker that loads none starts)", label)
 
     def imap(self, messages: Iterable[Any]) -> Iterator[tuple[int, Any]]:
         pending = enumerate(messages)
@@ -317,15 +394,30 @@ class SandboxPool:
                     if not worker.busy:
                         worker.since = time.monotonic()
                     worker.busy.append(item[0])
+                    worker.budgets.append(self._budget(item[1]))
                     worker.stalled_since = None
                     worker.post(item[1])  # a worker that died meanwhile shows on its sentinel
             if exhausted and not any(w.busy for w in self.workers):
                 return
             for worker, kind, payload in self._poll(None):
                 if kind != "done":
-                    raise SandboxError(f"worker sent {kind!r} while busy")
+                    self._violation(worker, f"a {kind!r} message after the worker was ready")
+                if not worker.busy:
+                    self._violation(worker, "a reply to no request")
                 worker.since, worker.stalled_since = time.monotonic(), None
+                worker.budgets.pop(0)
                 yield worker.busy.pop(0), payload
+
+    def _budget(self, message: Any) -> float:
+        """The parent's own deadline for one message, in seconds from when the worker can start
+        on it: its harness calls times the per-call budget where the job can count them, else
+        message_timeout_s. It reads nothing the worker writes, so forged call marks (the worker's
+        shared page) cannot stretch it."""
+        count = getattr(self.job, "calls", None)
+        calls = count(message) if count is not None else None
+        if calls is None:
+            return self.limits.message_timeout_s
+        return min(self.limits.message_timeout_s, max(1, calls) * self.limits.call_timeout_s + _GRACE_S)
 
     def _poll(self, load_deadline: float | None) -> Iterator[tuple[_Worker, str, Any]]:
         """Wait for messages; turn faults, deaths and timeouts into exceptions (workers stopped)."""
@@ -349,15 +441,19 @@ class SandboxPool:
                 for message in messages or ():
                     kind = message[0]
                     if kind == "failed":
+                        label = worker.blame(message[1])
                         self.close()
-                        raise CandidateFailure(str(message[2]), str(message[1]))
+                        raise CandidateFailure(_text(message[2]), label)
                     if kind == "error":
-                        self.close()
                         if worker.ready:  # harness code ran here and may have broken our code
-                            last = str(message[1]).strip().splitlines()[-1:]
+                            last = _text(message[1]).strip().splitlines()[-1:]
+                            label = worker.last_label()
+                            self.close()
                             raise CandidateFailure("the sandbox worker failed outside harness code after "
-                                                   f"running it: {' '.join(last)}", worker.last_label())
-                        raise SandboxError(f"sandbox worker failed:\n{message[1]}")
+                                                   f"running it: {' '.join(last)}", label)
+                        # Before ready: our start-up code, or harness code forging its message.
+                        last = _text(message[1]).strip().splitlines()[-1:]
+                        self._failed_before_ready(worker, f"the worker failed: {' '.join(last)}")
                     got.append((worker, kind, message[1]))
             if got:
                 yield from got
@@ -403,11 +499,11 @@ class SandboxPool:
                                            "(harness code read from its pipe?)", label)
             else:
                 worker.stalled_since = None
-            if worker.busy and now - worker.since > self.limits.message_timeout_s:
+            if worker.busy and now - worker.since > worker.budgets[0]:
                 label = worker.last_label()
                 self.close()
-                raise CandidateFailure(f"one chunk took over {self.limits.message_timeout_s:g} s "
-                                       "(the time budget)", label)
+                raise CandidateFailure(f"one message took over {worker.budgets[0]:g} s, the parent's "
+                                       "deadline for its harness calls (worker killed)", label)
             call = worker.current_call()
             if call is None:
                 continue
@@ -417,5 +513,5 @@ class SandboxPool:
                 self.close()
                 raise CandidateFailure(f"{what} did not return within {limit:g} s (worker killed)", label)
         if load_deadline is not None and time.monotonic() > load_deadline:
-            self.close()
-            raise SandboxError("a sandbox worker did not start in time")
+            late = next(w for w in self.workers if not w.ready)
+            self._failed_before_ready(late, f"no ready message within {time.monotonic() - late.started:.0f} s")

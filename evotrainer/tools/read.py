@@ -103,7 +103,8 @@ def show_rollout(tb: Toolbox, id: str) -> dict[str, Any]:
     if sr is None or sr.run_id != tb.run_id:
         raise ToolError(NOT_FOUND, f"no rollout {id!r} in run {tb.run!r}")
     if tb.hidden(sr):
-        raise ToolError(REFUSED, f"rollout {sr.rollout.id} is of a held-out or validation task: never shown")
+        # Only what the caller typed comes back: the hidden rollout's full id is not shown either.
+        raise ToolError(REFUSED, f"rollout {id!r} is of a held-out or validation task: never shown")
     r = sr.rollout
     return {**summary(sr, tb.round_ids()), "preview": None, "prompt": _text(r.prompt, MAX_TEXT),
             "completion": _text(r.completion, MAX_TEXT),
