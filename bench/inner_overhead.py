@@ -98,7 +98,8 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) 
     round_id = session.store.start_round(session.run_id, int(time.time() * 1000) % 10**9, "bench", "base")
     recorder = RolloutRecorder(session.domain, {t.task_id: t for t in tasks}, session.harness, session.store,
                                RoundContext(session.run_id, round_id, "base", session.harness.version, seed),
-                               stop_token_ids=[tok.eos_token_id, tok.pad_token_id])
+                               stop_token_ids=[tok.eos_token_id, tok.pad_token_id],
+                               audit_groups=session.config.train.audit_groups)  # the audit on, as our loop runs
     timer = StepTimer()
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
@@ -106,6 +107,8 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) 
                                  shrink_batch=fast, decode_weights=fast, shared_prefix=fast)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
+    recorder.audit.finish()  # every step audited, as train_round does (train/audit.py)
+    timer.audited = recorder.audit.audited
     return timer
 
 

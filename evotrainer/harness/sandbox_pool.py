@@ -72,6 +72,11 @@ class _Worker:
         self.stalled_since: float | None = None
         self.since = 0.0  # when the message it now works on was sent, or its last reply came
         self.labels = [label for label, _ in harnesses]
+        # Inside, every harness is named by its slot alone: "base", "candidate" or a trainer's
+        # label would tell harness code which job loaded it (harness/calls.py). Replies name the
+        # inside label; `outer` maps it back.
+        self.inner = inner_labels(len(self.labels))
+        harnesses = tuple((name, sources) for name, (_, sources) in zip(self.inner, harnesses))
         self.ready = False
         self.busy: list[int] = []  # message indexes in flight, oldest first
         self.isolation: dict[str, Any] = {}
@@ -155,6 +160,10 @@ class _Worker:
             out.append(message)
         return out
 
+    def outer(self, label: Any) -> str:
+        """The parent's label for a label a worker message names (harness code may forge it)."""
+        return self.labels[self.inner.index(label)] if label in self.inner else self.last_label()
+
     def last_label(self) -> str:
         slot = int(self.marks[0]) // 16
         return self.labels[slot] if slot < len(self.labels) else "candidate"
@@ -204,6 +213,11 @@ class _Worker:
             self.process.close()
         else:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def inner_labels(n: int) -> list[str]:
+    """What the harnesses of a worker are called inside it: the same for every job."""
+    return ["harness"] if n == 1 else [f"harness-{i}" for i in range(n)]
 
 
 _ISOLATION_KEYS = ("netns", "mountns", "pidns", "root", "uid", "no_new_privs")
@@ -299,7 +313,7 @@ class SandboxPool:
                     self.close()
                     raise CandidateFailure("the sandbox worker sent a malformed ready message "
                                            "(harness code wrote into its pipe?)", label)
-                self.versions = payload[0]
+                self.versions = {worker.outer(k): v for k, v in payload[0].items()}
                 worker.isolation.update(payload[1])
         # What the workers really got (the launcher's report and the worker's own), e.g. for a report.
         self.isolation = dict(self.workers[0].isolation) if self.workers else {}
@@ -350,7 +364,7 @@ class SandboxPool:
                     kind = message[0]
                     if kind == "failed":
                         self.close()
-                        raise CandidateFailure(str(message[2]), str(message[1]))
+                        raise CandidateFailure(str(message[2]), worker.outer(message[1]))
                     if kind == "error":
                         self.close()
                         if worker.ready:  # harness code ran here and may have broken our code
