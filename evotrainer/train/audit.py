@@ -18,8 +18,10 @@ coevolve reverts the promotion that brought the harness in (coevolve/loop.py) or
 pilot's candidate (coevolve/pilot.py).
 
 The replay runs on a thread beside training (the worker's start and the replay overlap the
-next step's generation); its verdict is collected before the next step is scored and at the
-end of the round (`check`, `finish`), so a bad first step stops the round before a second.
+next step's generation); its verdict is awaited before the next step is scored and at the
+end of the round (`finish`), so a bad first step stops the round before a second one trains.
+The job's own rerun of a message's first group (harness/calls.py) is part of the same check:
+a reward that differs when scored twice in training is an AuditFailure too.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class StepAudit:
         """Audit a sample of this step's `groups` (frozen rows) against `values` (training's, per group)."""
         if not self.enabled or not groups:
             return
-        picks = sorted(self._random.sample(range(len(groups)), min(self.groups_per_step, len(groups))))
+        # In reverse order of training, in a fresh worker: a reward that keys on how many calls
+        # its process has answered sees other counts for the same rollouts.
+        picks = sorted(self._random.sample(range(len(groups)), min(self.groups_per_step, len(groups))), reverse=True)
         sample = _Sample(step, [list(groups[i]) for i in picks], [dict(values[i]) for i in picks])
         thread = threading.Thread(target=self._replay, args=(sample,), name="evotrainer-audit", daemon=True)
         thread.start()

@@ -27,7 +27,7 @@ from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import Harness, HarnessError, validate_reward
 from evotrainer.harness.sandbox import CandidateFailure
 from evotrainer.store import Store, StoredRollout
-from evotrainer.train.audit import StepAudit, group_values
+from evotrainer.train.audit import AuditFailure, StepAudit, group_values
 
 
 def completion_text(completion: Any) -> str:
@@ -91,7 +91,7 @@ class RolloutRecorder:
                 rollout = replace(rollout, prompt=completion_text(experience[i]["prompt"]),
                                   meta={**rollout.meta, "experience": list(experience[i]["lessons"])})
             scored.append(rollout)
-        self.audit.check()  # an earlier step's audit found a difference: stop before this step trains
+        self.audit.finish()  # the last step's audit found a difference: stop before this step trains
         groups = []
         for start in range(0, n, self.group_size):  # TRL lays each prompt's completions out together
             group_id = uuid.uuid4().hex
@@ -108,7 +108,13 @@ class RolloutRecorder:
         """The harness's values for the step's groups, per group: one scoring message (harness/calls.py)."""
         frozen = [[frozen_row(r) for r in group] for group in groups]
         score = getattr(self.harness, "score", None)
-        reply = score(frozen) if score is not None else score_in_process(self.harness, frozen)
+        try:
+            reply = score(frozen) if score is not None else score_in_process(self.harness, frozen)
+        except HarnessError as exc:
+            if "not deterministic" in str(exc):  # the job's own rerun (harness/calls.py) disagreed
+                raise AuditFailure(getattr(self.harness, "version", self.ctx.harness_version), self.step,
+                                   str(exc)) from None
+            raise
         facts = [[Fact(r.id, r.group_id, r.task_id, r.outcome.success, False, r.num_tokens) for r in group]
                  for group in groups]
         try:
