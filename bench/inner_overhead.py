@@ -4,7 +4,8 @@ Same model, batch, lengths, seed and LoRA config; the plain script's reward is t
 math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
 machine drift hits both alike, and the first step of each run (warm-up) is dropped.
 Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32 with transformers'
-generate. Our sides run with the audit on (train.audit_groups, train/audit.py), as our loop does. A third side, `ours-<precision>-shrink-dw-sp`, runs our step as our loop does by default:
+generate. Our sides run with the audit on (train.audit_groups, train/audit.py), as our loop does.
+A third side, `ours-<precision>-shrink-dw-sp`, runs our step as our loop does by default:
 train.precision (`auto`: bf16 autocast for the loss's forward pass where the hardware multiplies
 bf16 natively, train/precision.py), train.shrink_batch (sampling drops the rows that ended,
 train/sampler.py), train.decode_weights (sampling with the adapter merged and the weights laid
