@@ -42,6 +42,9 @@ from evotrainer.api import Rollout
 _sys = collections._sys  # how harness code reaches sys (tests/test_backtest_isolation.py)
 _BEFORE = []  # the calls this process received before its first reward()
 _SCORED = [False]
+# Harness files leave sys.modules once loaded: the other files reach this one through a module
+# they all share.
+collections._probe_observe = lambda kind: observe(kind)
 
 
 def _digest(value):
@@ -80,16 +83,16 @@ def reward(rollout: Rollout) -> dict[str, float]:
     _SCORED[0] = True
     return {"correct": 1.0 if rollout.outcome.success else 0.0,
             "modules": _digest(_modules()), "shape": _digest(_rollout_shape(rollout)),
-            "before": _digest(_BEFORE), "stack": _digest(_stack())}
+            "before": _digest(_BEFORE), "stack": _digest(_stack()), "seen_before": float(len(_BEFORE))}
 '''
 FILTERS = '''
+import collections
+
 from evotrainer.api import Rollout
 
 
 def _observe(kind):
-    for module in list(__import__("collections")._sys.modules.values()):
-        if getattr(module, "observe", None) is not None and hasattr(module, "_BEFORE"):
-            module.observe(kind)
+    collections._probe_observe(kind)
 
 
 def keep_rollout(rollout: Rollout) -> bool:
@@ -106,9 +109,7 @@ import collections
 
 
 def weights(task_stats):
-    for module in list(collections._sys.modules.values()):
-        if getattr(module, "observe", None) is not None and hasattr(module, "_BEFORE"):
-            module.observe(f"weights:{len(task_stats)}")
+    collections._probe_observe(f"weights:{len(task_stats)}")
     return {s.task_id: 1.0 for s in task_stats}
 '''
 
@@ -176,8 +177,9 @@ def test_training_and_the_backtest_show_a_harness_the_same_modules_inputs_and_ca
         assert set(replayed) == set(trained)
         for rid, sr in trained.items():
             got = replayed[rid]["reward"]
-            for key in ("modules", "shape", "before", "stack", "correct"):
+            for key in ("modules", "shape", "before", "stack", "correct", "seen_before"):
                 assert sr.reward_components[key] == got[key], f"{key} differs between training and replay"
+            assert sr.reward_components["seen_before"] == 1.0  # the round's curriculum call, on both paths
         assert recorder.audit.audited == 16  # both steps' groups, all of them (2 per step)
         # The probe can tell a difference where there is one: the trusted side's other calls
         # (diagnose's batched rewards) run in a worker that has rendered and described, not scored.
@@ -259,9 +261,11 @@ def test_a_counter_sleeper_is_caught_in_the_first_step_it_cheats(tmp_path):
 # call before it scores; a backtest worker does only when the selection has a task history (and
 # only one of its workers), the audit's fresh worker never.
 SLEEPER_WEIGHTS = """
+import collections
+
 from evotrainer.api import Rollout
 
-ASKED = []
+ASKED = collections._asked = []  # where curriculum.py can reach it
 
 
 def reward(rollout: Rollout) -> dict[str, float]:
@@ -273,9 +277,7 @@ import collections
 
 
 def weights(task_stats):
-    for module in list(collections._sys.modules.values()):
-        if isinstance(getattr(module, "ASKED", None), list):
-            module.ASKED.append(1)
+    getattr(collections, "_asked", []).append(1)
     return {s.task_id: 1.0 for s in task_stats}
 """
 
@@ -317,6 +319,7 @@ def test_a_sleeper_promoted_to_main_is_caught_in_its_first_step_and_reverted(tmp
 
     config = plain_config(tmp_path).model_copy(deep=True)
     config.coevolve.verify_against = "previous"
+    config.domain.heldout_size, config.domain.validation_size = 2, 2  # evals cost nothing this test needs
     loop = Coevolution(config, tmp_path / "work")
     state = RunState(run="tiny", domain="math")
     sleeper = SLEEPER_CLOCK.replace("WAIT", "3.0")
