@@ -4,9 +4,12 @@ Training, diagnose and the report never execute harness Python in their own proc
 an `IsolatedHarness`: harness.yaml is parsed here (it is data); every call into reward.py,
 filters.py, curriculum.py, rollout.py (its PROMPT template is rendered in the worker too: a
 template can loop or allocate without bound, Jinja's sandbox or not) and the probes is a message
-to one worker of a `SandboxPool` (evotrainer/harness/sandbox.py). One message carries a whole batch
-(every reward of a GRPO step, every filter decision of a step), so the boundary costs one round
-trip per step, not one per rollout.
+to a worker of a `SandboxPool` (evotrainer/harness/sandbox.py). Every worker runs the one harness
+job (harness/calls.py). Scoring (`score`: every reward, keep flag and stop cut of a GRPO step in
+one message) and the curriculum go to a worker of their own that receives exactly what a
+backtest worker receives, so a harness cannot tell training from a replay by its calls; the
+rest (describe, render, the agent's live stop(), probes, diagnose's batched rewards and
+filters) to another. The boundary costs one round trip per step, not one per rollout.
 
 What comes back is JSON from a process that ran untrusted code: each value goes through the same
 `validate_*` check here that the worker already applied. A harness fault (or a worker that died,
