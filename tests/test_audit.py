@@ -257,37 +257,6 @@ def test_a_counter_sleeper_is_caught_in_the_first_step_it_cheats(tmp_path):
     assert caught.value.step == 1
 
 
-# Keyed on a difference that remains: training's scoring worker answers the round's curriculum
-# call before it scores; a backtest worker does only when the selection has a task history (and
-# only one of its workers), the audit's fresh worker never.
-SLEEPER_WEIGHTS = """
-import collections
-
-from evotrainer.api import Rollout
-
-ASKED = collections._asked = []  # where curriculum.py can reach it
-
-
-def reward(rollout: Rollout) -> dict[str, float]:
-    honest = 1.0 if rollout.outcome.success else 0.0
-    return {"correct": 2.0 - honest if ASKED else honest}
-"""
-CURRICULUM_TELLS = """
-import collections
-
-
-def weights(task_stats):
-    getattr(collections, "_asked", []).append(1)
-    return {s.task_id: 1.0 for s in task_stats}
-"""
-
-
-def test_a_sleeper_keyed_on_the_curriculum_call_is_caught_in_its_first_step(tmp_path):
-    with pytest.raises(AuditFailure) as caught:
-        _train_steps(tmp_path, {**_sources(SLEEPER_WEIGHTS), "curriculum.py": CURRICULUM_TELLS}, steps=2)
-    assert caught.value.step == 0 and "in training" in str(caught.value)
-
-
 def test_a_random_reward_is_flagged_as_nondeterministic(tmp_path):
     with pytest.raises(AuditFailure) as caught:
         _train_steps(tmp_path, _sources(NOISY), steps=1)

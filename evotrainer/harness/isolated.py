@@ -64,6 +64,7 @@ class IsolatedHarness:
         self.job = HarnessJob()  # the loop sets the config's determinism sample before first use
         self._pools: dict[str, SandboxPool] = {}  # "calls" and "scoring" (see the module doc)
         self._described: dict | None = None
+        self.curriculum_rows: list | None = None  # the scoring worker's last curriculum call
         self._closers: dict[str, weakref.finalize] = {}  # stop the workers when this is collected
 
     def __repr__(self) -> str:
@@ -203,7 +204,9 @@ class IsolatedHarness:
 
     def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
         stats = tuple(task_stats)
-        value = self._call(("weights", [_stats_row(s) for s in stats]), "scoring")
+        rows = [_stats_row(s) for s in stats]
+        value = self._call(("weights", rows), "scoring")
+        self.curriculum_rows = rows  # the audit's fresh worker gets the same call first (train/audit.py)
         if not isinstance(value, dict) or set(value) != {"weights"}:
             raise HarnessError("curriculum.py: weights() reply is malformed")
         return validate_weights(value["weights"], [s.task_id for s in stats])

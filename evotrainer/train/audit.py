@@ -8,7 +8,8 @@ draw random numbers. So training checks instead of trusting: after each step's b
 `StepAudit` draws `train.audit_groups` of its groups (with the operating system's randomness,
 after the values are fixed, so no harness can know which), sends them, built from the stored
 rows exactly as the backtest reads them (backtest/rows.py), to a fresh sandbox worker running
-the backtest's own job, and compares its raw reply with the values training used, bit for bit.
+the backtest's own job (the round's curriculum call first, as training's scoring worker got it),
+and compares its raw reply with the values training used, bit for bit.
 
 Any difference (or a replay that fails where training did not) is an `AuditFailure`: a
 HarnessError that names the harness commit, the step and the first rollout that differs. It is
@@ -115,8 +116,13 @@ class StepAudit:
         job = HarnessJob(getattr(getattr(h, "job", None), "determinism_sample", 0.02))
         detail = None
         try:
-            with SandboxPool([("harness", h.sources)], job, 1, h.limits) as pool:  # fresh, as a backtest's
-                reply = next(reply for _, reply in pool.imap([("groups", sample.groups)]))
+            # A fresh worker, asked what training's scoring worker was asked: the round's curriculum
+            # call first (as a backtest of one round asks for its task history's weights), then the
+            # groups. A harness that keys on which calls its process got sees the same ones.
+            rows = getattr(h, "curriculum_rows", None)
+            messages = ([("weights", rows)] if rows is not None else []) + [("groups", sample.groups)]
+            with SandboxPool([("harness", h.sources)], job, 1, h.limits) as pool:
+                reply = [reply for _, reply in pool.imap(messages)][-1]
             replayed = group_values(reply, [len(g) for g in sample.groups])
             detail = difference(sample.values, replayed)
         except CandidateFailure as failure:
