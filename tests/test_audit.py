@@ -10,6 +10,8 @@ the tiny model under sleepers and check that the audit stops them in their first
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from evotrainer.api import TaskStats
@@ -119,7 +121,7 @@ def probe_sources() -> dict[str, str]:
     return {**sources, "reward.py": PROBE, "filters.py": FILTERS, "curriculum.py": CURRICULUM}
 
 
-def _train_steps(tmp_path, sources: dict[str, str], steps: int = 2):
+def _train_steps(tmp_path, sources: dict[str, str], steps: int = 2, generating_s: float = 0.0):
     """Two steps through the real recorder and scoring worker, as train_round drives them (no
     model: fixed completions), with the loss's per-row means added to each stored row as
     grpo.py does. Returns (store, run name, recorder)."""
@@ -138,6 +140,7 @@ def _train_steps(tmp_path, sources: dict[str, str], steps: int = 2):
                                RoundContext(run, round_id, "base", "probe", 0), stop_token_ids=[0],
                                group_size=4, audit_groups=2)
     for step in range(steps):
+        time.sleep(generating_s)  # where the policy generates
         picked = tasks[2 * step:2 * step + 2]
         task_ids = [t.task_id for t in picked for _ in range(4)]
         answers = [f"Answer: {t.answer if i % 2 else 'nope'}" for t in picked for i in range(4)]
@@ -255,6 +258,13 @@ def test_a_counter_sleeper_is_caught_in_the_first_step_it_cheats(tmp_path):
     # 16 reward calls a step (8 rewards, 4 counterfactuals of the failures, the first group
     # scored again): the 21st falls in step 1, the first step that cheats
     assert caught.value.step == 1
+
+
+def test_a_clock_sleeper_is_caught_in_its_first_step_without_the_model(tmp_path):
+    """The slow test's sleeper, with a pause where generation would be."""
+    with pytest.raises(AuditFailure) as caught:
+        _train_steps(tmp_path, _sources(SLEEPER_CLOCK.replace("WAIT", "1.0")), steps=2, generating_s=2.0)
+    assert caught.value.step == 0 and "in training" in str(caught.value)
 
 
 def test_a_random_reward_is_flagged_as_nondeterministic(tmp_path):
