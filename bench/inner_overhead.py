@@ -4,7 +4,8 @@ Same model, batch, lengths, seed and LoRA config; the plain script's reward is t
 math check with no harness and no store. Runs alternate (plain, ours, plain, ours, ...) so that
 machine drift hits both alike, and the first step of each run (warm-up) is dropped.
 Prints per-step times and the ratio ours/plain (target: <= 1.10), both in fp32 with transformers'
-generate. A third side, `ours-<precision>-shrink-dw-sp`, runs our step as our loop does by default:
+generate. Our sides run with the audit on (train.audit_groups, train/audit.py), as our loop does.
+A third side, `ours-<precision>-shrink-dw-sp`, runs our step as our loop does by default:
 train.precision (`auto`: bf16 autocast for the loss's forward pass where the hardware multiplies
 bf16 natively, train/precision.py), train.shrink_batch (sampling drops the rows that ended,
 train/sampler.py), train.decode_weights (sampling with the adapter merged and the weights laid
@@ -98,7 +99,8 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) 
     round_id = session.store.start_round(session.run_id, int(time.time() * 1000) % 10**9, "bench", "base")
     recorder = RolloutRecorder(session.domain, {t.task_id: t for t in tasks}, session.harness, session.store,
                                RoundContext(session.run_id, round_id, "base", session.harness.version, seed),
-                               stop_token_ids=[tok.eos_token_id, tok.pad_token_id])
+                               stop_token_ids=[tok.eos_token_id, tok.pad_token_id],
+                               audit_groups=session.config.train.audit_groups)  # the audit on, as our loop runs
     timer = StepTimer()
     trainer = HarnessGRPOTrainer(model=model, args=grpo_args(session, steps, seed, workdir),
                                  train_dataset=dataset(session, tasks), processing_class=tok,
@@ -106,6 +108,8 @@ def run_ours(session, tasks, steps, seed, workdir, loss_dtype=None, fast=False) 
                                  shrink_batch=fast, decode_weights=fast, shared_prefix=fast)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
+    recorder.audit.finish()  # every step audited, as train_round does (train/audit.py)
+    timer.audited = recorder.audit.audited
     return timer
 
 
@@ -154,6 +158,9 @@ def main() -> int:
         clipped = [x for t in runs for x in t.clipped[1:]]
         print(f"{side:>18}: median completion length {_median(lengths)} tokens, "
               f"clipped at max length {_median([100 * c for c in clipped])}%")
+    audited = {side: sum(getattr(t, "audited", 0) for t in runs) for side, runs in timers.items() if side != "plain"}
+    print(f"audit (train.audit_groups={session.config.train.audit_groups}): rollouts replayed and compared: "
+          + ", ".join(f"{side} {n}" for side, n in audited.items()))
     ratio = statistics.median(ours) / statistics.median(plain)
     print(f"ratio ours/plain: {ratio:.3f} (target <= 1.10)")
     if ratio < 1:

@@ -124,6 +124,9 @@ class TrainConfig(_Strict):
     # the loss's log-prob pass runs each distinct prompt once and scores only the completions
     # (train/shared_prefix.py); false: TRL's pass over every row's whole sequence
     shared_prefix: bool = True
+    # groups of every training step replayed in a fresh sandbox worker and compared with the
+    # values training used (train/audit.py); any difference stops the round. 0: no audit.
+    audit_groups: int = Field(2, ge=0)
 
 
 class EvalServerConfig(_Strict):

@@ -96,7 +96,8 @@ def test_every_ending_is_a_named_stored_outcome(task_file, tmp_path):
     run_id = store.get_or_create_run("agent-endings", "swe", {})
     round_id = store.start_round(run_id, 0, harness.version, "base")
     recorder = RolloutRecorder(domain, {task.task_id: task}, harness, store,
-                               RoundContext(run_id, round_id, "base", harness.version, 0), stop_token_ids=[0])
+                               RoundContext(run_id, round_id, "base", harness.version, 0), stop_token_ids=[0],
+                               group_size=5)
     rewards = recorder(prompts=[[{"role": "user", "content": task.prompt}]] * 5, completions=[""] * 5,
                        completion_ids=[[1]] * 5, task_id=[task.task_id] * 5, agent_rollout=rollouts)
     assert rewards[0] == 1.0 and rewards[1:] == [0.0] * 4

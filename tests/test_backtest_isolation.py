@@ -134,7 +134,7 @@ def reward(rollout):
 # (and, for NaN and inf, the worker's JSON encoder, which would refuse them).
 TAMPER = REACH + '''
 import math
-_job = _sys.modules["evotrainer.backtest.replay_worker"].ReplayJob
+_job = _sys.modules["evotrainer.harness.calls"].HarnessJob
 _run = _job.run
 _worker = _sys.modules["evotrainer.harness.sandbox_worker"]
 _dumps = _worker.json.dumps

@@ -231,7 +231,7 @@ def test_judge_verified_reaches_the_stored_row_the_eval_the_guard_and_the_report
         rnd = store.start_round(run, 0, "seed", "base")
         # Training: the real recorder runs the domain's check and stores the rows.
         recorder = RolloutRecorder(domain, {t.task_id: t for t in train}, harness, store,
-                                   RoundContext(run, rnd, "base", "seed", 0), stop_token_ids=[0])
+                                   RoundContext(run, rnd, "base", "seed", 0), stop_token_ids=[0], group_size=2)
         pick = [t for t in train if t.task_id in ("t01", "t03")][:1] + [t for t in train if t.task_id not in
                                                                       ("t01", "t03")][:1]
         number = [t.task_id[1:].lstrip("0") or "0" for t in pick]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from evotrainer.backtest.metrics import is_flagged
+from evotrainer.harness.calls import SCORED_LATER, scored_meta
 from evotrainer.store import RolloutScope, Store
 
 # The order of the fields in a frozen rollout (replay_worker.py builds api objects from it).
@@ -37,6 +38,19 @@ def _loads_list(text: str | None) -> list:
     return [] if not text or text == "[]" else json.loads(text)
 
 
+_LATER = tuple(f'"{key}"' for key in SCORED_LATER)
+
+
+def _as_scored(meta: str | None) -> str:
+    """The meta text without what training added after the harness scored the rollout
+    (harness/calls.py, SCORED_LATER): a replay shows the harness what training showed it."""
+    if not meta:
+        return "{}"
+    if not any(key in meta for key in _LATER):  # most rows: no parse
+        return meta
+    return json.dumps(scored_meta(json.loads(meta)))
+
+
 class ChunkReader:
     """Reads chunks (selector.plan_chunks) from the store, whole groups only."""
 
@@ -55,7 +69,7 @@ class ChunkReader:
              flags, tokens, truncated, meta) = row
             frozen.setdefault(group_id, []).append(
                 [rid, task_id, group_id, domain, prompt, completion, turns or "[]", bool(success),
-                 float(score), kind, flags or "[]", int(tokens), bool(truncated), meta or "{}"])
+                 float(score), kind, flags or "[]", int(tokens), bool(truncated), _as_scored(meta)])
             hack = flagged.get((kind, flags))
             if hack is None:
                 hack = flagged[kind, flags] = is_flagged(kind, tuple(_loads_list(flags)))

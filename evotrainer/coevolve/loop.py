@@ -114,13 +114,13 @@ class Coevolution:
 
     def stage_train(self, state: RunState) -> None:
         if state.pending is None or self.config.coevolve.verify_against != "control":
-            self._train_main(state)
+            self._audited(state, self._train_main)
             return
         # The control arm reads the main run's history before this round: it trains first, or
         # beside the main round (coevolve/beside.py).
         with beside(self.config, self.ws.root, self.repo, control_arm(self.config, state.pending, state.round),
                     self.console) as control:
-            self._train_main(state)
+            self._audited(state, self._train_main)
             main_done = time.perf_counter()
         if control.parallel:  # the round's cost counts what it added; its own time beside that
             _add_seconds(state, "control", time.perf_counter() - main_done)
@@ -128,6 +128,29 @@ class Coevolution:
                 state.beside_seconds["control"] = state.beside_seconds.get("control", 0.0) + control.seconds
         else:
             _add_seconds(state, "control", control.seconds)
+
+    def _audited(self, state: RunState, train: Callable[[RunState], None]) -> None:
+        """Train; when the audit (train/audit.py) finds that main's harness gives training values
+        a fresh replay does not reproduce, revert the promotion that brought it in, record why,
+        and train the round again under the reverted main. Without a promotion to blame (the
+        seed, or a change made by hand) the round stops with the audit's error."""
+        from evotrainer.train.audit import AuditFailure
+
+        try:
+            train(state)
+        except AuditFailure as failure:
+            pending = state.pending
+            if pending is None or failure.version != self.repo.resolve("main"):
+                raise
+            why = f"audit in round {state.round}: {failure}"
+            sha = self.repo.revert_of(pending.merge) or self.repo.revert(pending.merge, why)
+            crash_point("coevolve.reverted", pending.branch)
+            self.console.print(f"[red]reverted[/] {pending.branch} ({sha[:8]}): {why}")
+            state.verdict = {"branch": pending.branch, "kept": False, "describe": why, "skill": pending.skill,
+                             "audit": {"harness": failure.version, "step": failure.step, "detail": failure.detail}}
+            state.pending = None
+            state.save(self.state_path)  # the revert is recorded before the round trains again
+            train(state)
 
     def _train_main(self, state: RunState) -> None:
         from evotrainer.train.loop import open_session, run_training

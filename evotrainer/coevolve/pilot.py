@@ -15,6 +15,9 @@ arm's training rollouts, improves by at least the gate's margin, and (2) validat
 not regress against the base arm beyond `coevolve.verify_z` paired standard errors. The pilot
 arms train nothing the main run keeps: a promoted change is then trained and verified like any
 other. Both arms' rows stay in the store, so the evidence can be read back (`evotrainer report`).
+
+Every arm's steps are audited like any training step (train/audit.py): a candidate whose live
+values a fresh replay does not reproduce is rejected ("failed: audit: ..."), its arm stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from evotrainer.harness.loader import prompt_template
 from evotrainer.harness.repo import HarnessRepo
 from evotrainer.harness.spec import parse_spec
 from evotrainer.store import Store
+from evotrainer.train.audit import AuditFailure
 
 # Paired with a filters.py edit the backtest does replay (skills/mask-truncated).
 REPLAYED_KNOBS = frozenset({"mask_truncated_completions"})
@@ -128,9 +132,15 @@ def run_pilot(config: Config, root: Path, repo: HarnessRepo, *, branch: str, slu
         return PilotResult("reject", [f"pilot ({describe_change(change)}): not trained: {NO_PROBE.format(targets=targets)}"],
                            None, None, None, "", None, dict(change))
     base = SideArm(pilot_run(config.run_name, "base"), "main", round_index, index, "pilot base", steps, heldout=False)
-    with beside(config, root, repo, base, console), repo.load(branch) as harness:  # the arms side by side
-        train_arm(config, root, pilot_run(config.run_name, slug), harness, round_index, index, console,
-                  what=f"pilot {slug}", steps=steps, heldout=False)
+    try:
+        with beside(config, root, repo, base, console), repo.load(branch) as harness:  # the arms side by side
+            train_arm(config, root, pilot_run(config.run_name, slug), harness, round_index, index, console,
+                      what=f"pilot {slug}", steps=steps, heldout=False)
+    except AuditFailure as failure:  # the candidate's arm: its live values are not its replayed ones
+        if failure.version != repo.resolve(branch):
+            raise
+        return PilotResult("reject", [f"pilot ({describe_change(change)}): failed: {failure}"],
+                           None, None, None, "", None, dict(change), {slug: pilot_run(config.run_name, slug)})
     runs = {"base": base.run_name, slug: pilot_run(config.run_name, slug)}
     probes, evals = arm_evidence(config, root, repo, runs, index)
     result = judge(probes["base"], probes[slug], evals["base"], evals[slug], targets, config, dict(change))

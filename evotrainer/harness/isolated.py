@@ -2,12 +2,15 @@
 
 Training, diagnose and the report never execute harness Python in their own process. They hold
 an `IsolatedHarness`: harness.yaml is parsed here (it is data); every call into reward.py,
-filters.py, curriculum.py, rollout.py's stop() and the probes is a message to one worker of a
+filters.py, curriculum.py, rollout.py's stop() and the probes is a message to a worker of a
 `SandboxPool` (evotrainer/harness/sandbox.py). Prompts are not: the trusted side renders them
 from rollout.py's PROMPT text in a worker that never loads harness code (harness/prompts.py), so
-no harness code can write into a training, validation or held-out prompt. One message carries a whole batch
-(every reward of a GRPO step, every filter decision of a step), so the boundary costs one round
-trip per step, not one per rollout.
+no harness code can write into a training, validation or held-out prompt. Every worker runs the
+one harness job (harness/calls.py). Scoring (`score`: every reward, keep flag and stop cut of a
+GRPO step in one message) and the curriculum go to a worker of their own that receives exactly
+what a backtest worker receives, so a harness cannot tell training from a replay by its calls;
+the rest (describe, the agent's live stop(), probes, diagnose's batched rewards and filters) to
+another. The boundary costs one round trip per step, not one per rollout.
 
 What comes back is JSON from a process that ran untrusted code: each value goes through the same
 `validate_*` check here that the worker already applied. A harness fault (or a worker that died,
@@ -19,12 +22,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from evotrainer.api import Rollout, TaskStats, Turn, rollout_from_dict, rollout_to_dict
+from evotrainer.api import Rollout, TaskStats, Turn, rollout_to_dict
+from evotrainer.harness.calls import HarnessJob
 from evotrainer.harness.loader import (
     SPEC_FILE,
     HarnessError,
@@ -45,67 +48,12 @@ from evotrainer.harness.sandbox import CandidateFailure, SandboxLimits, SandboxP
 LABEL = "harness"
 
 
-def _stats_to_dict(s: TaskStats) -> dict[str, Any]:
-    return {"task_id": s.task_id, "attempts": s.attempts, "successes": s.successes, "meta": dict(s.meta)}
+def _stats_row(s: TaskStats) -> list:
+    """A curriculum's input as the backtest sends it (backtest/selector.py, history)."""
+    return [s.task_id, s.attempts, s.successes, dict(s.meta)]
 
 
-def _refused(h: Any, what: str) -> None:
-    """A refused operation that harness code swallowed, for calls made outside
-    SandboxedHarness's own wrapper (probes, the template): the worker's guard recorded it."""
-    violations = getattr(getattr(h, "_guard", None), "violations", ())
-    if violations:
-        raise CandidateFailure(f"{what} attempted {violations[0]}", h.label)
-
-
-@dataclass(frozen=True)
-class HarnessCalls:
-    """In the worker: answer one batched request against the one harness the pool loaded."""
-
-    def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
-        return None
-
-    def calls(self, message: tuple) -> int:
-        """At most how many harness calls `run` makes for this message: the parent's deadline
-        for it is that many per-call budgets (SandboxPool._budget), whatever the worker reports."""
-        kind = message[0]
-        if kind == "reward":
-            return len(message[1])
-        if kind == "filters":
-            return sum(1 + len(dicts) for dicts, _ in message[1])
-        return 1  # describe, weights, stop, probe: one call (describe reads attributes only)
-
-    def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> Any:
-        h = harnesses[LABEL]
-        kind = message[0]
-        if kind == "describe":
-            inner = h.harness  # attributes of the loaded modules: data, no harness call
-            return {"prompt": inner.prompt_source,
-                    "probes": [{"name": p.name, "dimension": p.dimension, "warn": p.warn,
-                                "critical": p.critical, "direction": p.direction} for p in inner.probes]}
-        if kind == "reward":
-            return [h.reward(rollout_from_dict(d)) for d in message[1]]
-        if kind == "filters":  # [(rollouts, rewards)] per group -> [(keep_group, [keep_rollout])]
-            out = []
-            for dicts, rewards in message[1]:
-                rollouts = [rollout_from_dict(d) for d in dicts]
-                group = h.keep_group(rollouts, rewards)
-                # keep_rollout only runs for rollouts of kept groups, as it always has
-                out.append([group, [group and h.keep_rollout(r) for r in rollouts]])
-            return out
-        if kind == "weights":
-            return h.weights([TaskStats(**d) for d in message[1]])
-        if kind == "stop":
-            return h.stop([Turn(role, content) for role, content in message[1]])
-        if kind == "probe":
-            _, name, dicts, rewards = message
-            probe = next(p for p in h.harness.probes if p.name == name)
-            try:
-                value: Any = ["value", probe.evaluate([rollout_from_dict(d) for d in dicts], rewards)]
-            except HarnessError as exc:  # the probe's own fault: that probe is n/a, as in process
-                value = ["error", str(exc)[:2000]]
-            _refused(h, f"diagnostics.py: probe {name}()")
-            return value
-        raise ValueError(f"unknown harness request {kind!r}")
+HarnessCalls = HarnessJob  # the one job of every harness worker (harness/calls.py)
 
 
 class IsolatedHarness:
@@ -118,9 +66,11 @@ class IsolatedHarness:
         self.spec = parse_spec(self.sources[SPEC_FILE])  # data: safe to read here
         self.version = version or harness_version(self.sources)
         self.limits = limits
-        self._pool: SandboxPool | None = None
+        self.job = HarnessJob()  # the loop sets the config's determinism sample before first use
+        self._pools: dict[str, SandboxPool] = {}  # "calls" and "scoring" (see the module doc)
         self._described: dict | None = None
-        self._closer: weakref.finalize | None = None  # stops the worker when this is collected
+        self.curriculum_rows: list | None = None  # the scoring worker's last curriculum call
+        self._closers: dict[str, weakref.finalize] = {}  # stop the workers when this is collected
 
     def __repr__(self) -> str:
         return f"IsolatedHarness({str(self.path)!r}, version={self.version!r})"
@@ -132,25 +82,28 @@ class IsolatedHarness:
         self.close()
 
     def close(self) -> None:
-        """Stop the worker (a later call starts a fresh one)."""
-        if self._closer is not None:
-            self._closer()  # pool.close(), once
-        self._pool = self._closer = None
+        """Stop the workers (a later call starts fresh ones)."""
+        for closer in self._closers.values():
+            closer()  # pool.close(), once
+        self._pools, self._closers = {}, {}
 
     # ------------------------------------------------------------ the boundary
 
-    def _call(self, message: tuple) -> Any:
-        """One request, one reply; any fault of the harness is a HarnessError naming it."""
+    def _call(self, message: tuple, pool_name: str = "calls") -> Any:
+        """One request, one reply; any fault of the harness is a HarnessError naming it.
+        Scoring and the curriculum go to a worker of their own ("scoring") that sees exactly
+        what a backtest worker sees (harness/calls.py); everything else to "calls"."""
         try:
-            if self._pool is None:
-                pool = SandboxPool([(LABEL, self.sources)], HarnessCalls(), 1, self.limits)
+            pool = self._pools.get(pool_name)
+            if pool is None:
+                pool = SandboxPool([(LABEL, self.sources)], self.job, 1, self.limits)
                 pool.__enter__()
-                self._pool = pool
-                self._closer = weakref.finalize(self, pool.close)
-            for _, reply in self._pool.imap([message]):
+                self._pools[pool_name] = pool
+                self._closers[pool_name] = weakref.finalize(self, pool.close)
+            for _, reply in pool.imap([message]):
                 return reply
         except CandidateFailure as failure:
-            self.close()  # the pool closed its workers; the next call starts a fresh one
+            self.close()  # the pool closed its workers; the next call starts fresh ones
             raise HarnessError(f"harness {self.version[:12]}: {failure.reason}") from None
         raise HarnessError(f"harness {self.version[:12]}: no reply from the sandbox worker")
 
@@ -164,6 +117,14 @@ class IsolatedHarness:
             if str(exc).startswith("harness "):
                 raise
             raise HarnessError(f"harness {self.version[:12]}: {exc}") from None
+
+    def score(self, groups: Sequence[Sequence[list]]) -> dict[str, list]:
+        """Score frozen groups (harness/calls.py, frozen_row) in one round trip to the scoring
+        worker, as a backtest would: the raw reply, checked by the caller (train/recorder.py)."""
+        reply = self._call(("groups", [list(g) for g in groups]), "scoring")
+        if not isinstance(reply, dict):
+            raise HarnessError("the scoring reply is not a mapping")
+        return reply
 
     def _describe(self) -> dict:
         if self._described is None:
@@ -275,9 +236,13 @@ class IsolatedHarness:
 
     def weights(self, task_stats: Sequence[TaskStats]) -> dict[str, float]:
         stats = tuple(task_stats)
-        value = self._call(("weights", [_stats_to_dict(s) for s in stats]))
+        rows = [_stats_row(s) for s in stats]
+        value = self._call(("weights", rows), "scoring")
+        self.curriculum_rows = rows  # the audit's fresh worker gets the same call first (train/audit.py)
         with self._named():
-            return validate_weights(value, [s.task_id for s in stats])
+            if not isinstance(value, dict) or set(value) != {"weights"}:
+                raise HarnessError("curriculum.py: weights() reply is malformed")
+            return validate_weights(value["weights"], [s.task_id for s in stats])
 
     def stop(self, turns: Sequence[Turn]) -> str | None:
         value = self._call(("stop", [(t.role, t.content) for t in turns]))

@@ -111,6 +111,11 @@ class _Worker:
         self.stalled_since: float | None = None
         self.since = 0.0  # when the message it now works on was sent, or its last reply came
         self.labels = [label for label, _ in harnesses]
+        # Inside, every harness is named by its slot alone: "base", "candidate" or a trainer's
+        # label would tell harness code which job loaded it (harness/calls.py). Replies name the
+        # inside label; `outer` maps it back.
+        self.inner = inner_labels(len(self.labels))
+        harnesses = tuple((name, sources) for name, (_, sources) in zip(self.inner, harnesses))
         self.ready = False
         self.started = time.monotonic()
         self.busy: list[int] = []  # message indexes in flight, oldest first
@@ -192,6 +197,10 @@ class _Worker:
             out.append(message)
         return out
 
+    def outer(self, label: Any) -> str:
+        """The parent's label for a label a worker message names (harness code may forge it)."""
+        return self.labels[self.inner.index(label)] if label in self.inner else self.last_label()
+
     def last_label(self) -> str:
         """The harness to blame. The call marks are the worker's own (harness code can write
         them), so they only choose among the harnesses this worker holds."""
@@ -201,8 +210,9 @@ class _Worker:
         return self.labels[slot] if 0 <= slot < len(self.labels) else (self.labels or ["candidate"])[-1]
 
     def blame(self, label: Any) -> str:
-        """A label a worker's message names, if it is one this worker holds; else last_label()."""
-        return label if isinstance(label, str) and label in self.labels else self.last_label()
+        """The parent's label for a harness a worker's message names, if it is one this worker
+        holds (by its inside name); else last_label()."""
+        return self.outer(label) if isinstance(label, str) else self.last_label()
 
     def current_call(self) -> tuple[str, str, float] | None:
         """(harness label, what, seconds running) of the harness call in progress, if any."""
@@ -249,6 +259,11 @@ class _Worker:
             self.process.close()
         else:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def inner_labels(n: int) -> list[str]:
+    """What the harnesses of a worker are called inside it: the same for every job."""
+    return ["harness"] if n == 1 else [f"harness-{i}" for i in range(n)]
 
 
 _ISOLATION_KEYS = ("netns", "mountns", "pidns", "root", "uid", "no_new_privs")
@@ -342,7 +357,7 @@ class SandboxPool:
                 worker.ready = True
                 if not (isinstance(payload, list) and len(payload) == 2 and all(isinstance(p, dict) for p in payload)):
                     self._violation(worker, "a malformed ready message")
-                self.versions = payload[0]
+                self.versions = {worker.outer(k): v for k, v in payload[0].items()}
                 # what the launcher reported stands: the worker's own word only adds to it
                 worker.isolation.update({k: v for k, v in payload[1].items() if k not in worker.isolation})
         # What the workers really got (the launcher's report and the worker's own), e.g. for a report.

@@ -58,6 +58,7 @@ class HarnessGRPOTrainer(GRPOTrainer):
                  shrink_batch: bool = False, decode_weights: bool = False, shared_prefix: bool = False, **kwargs):
         super().__init__(*args, reward_funcs=[recorder], **kwargs)
         self.recorder = recorder
+        recorder.group_size = self.num_generations  # TRL lays each prompt's completions out together
         # train.precision: the autocast dtype of every log-prob pass, None for fp32 (train/precision.py)
         self.loss_dtype = loss_dtype
         # train.shrink_batch: sample rollouts with a batch that drops the rows that ended (train/sampler.py)

@@ -22,6 +22,7 @@ from evotrainer.console import make_console
 from evotrainer.dist import GatheredRollouts, barrier, distributed, is_main, share
 from evotrainer.domains import build_domain
 from evotrainer.domains.base import Task, prompt_scaffold
+from evotrainer.harness.calls import HarnessJob
 from evotrainer.harness.isolated import IsolatedHarness
 from evotrainer.harness.loader import HarnessSpec
 from evotrainer.harness.repo import HarnessRepo
@@ -95,6 +96,8 @@ def open_session(config: Config, workdir: Path, console: Console | None = None,
         barrier()
         ws = ensure_workspace(workdir, config.domain.name, seed=config.harness_dir())
         harness = HarnessRepo(ws.harnesses).load(config.harness_rev)
+    # Training scores with the determinism reruns a backtest makes (harness/calls.py: one protocol).
+    harness.job = HarnessJob(config.gate.determinism_sample)
     if d.frontier.per_round:  # the variants earlier rounds synthesized, re-validated
         from evotrainer.frontier.synthesize import frontier_tasks
 
@@ -302,6 +305,7 @@ def train_round(session: Session, model, tokenizer, index: int, steps: int, prog
                        scaffold_kwargs=scaffold_kwargs)
     started = time.perf_counter()
     trainer.train()
+    recorder.audit.finish()  # AuditFailure: the round stops here, its adapter never saved (train/audit.py)
     step_time = (time.perf_counter() - started) / steps
     trained = time.perf_counter()
     out = _adapters(session) / f"round-{index}"
@@ -364,6 +368,7 @@ def _recorder(session: Session, round_id: int, model_version: str, seed: int, to
         GatheredRollouts(session.store) if distributed() else session.store,
         RoundContext(session.run_id, round_id, model_version, session.harness.version, seed),
         stop_token_ids=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        group_size=session.grpo["num_generations"], audit_groups=session.config.train.audit_groups,
     )
 
 
