@@ -55,6 +55,7 @@ from evotrainer.grade.cache import GradeCache
 from evotrainer.grade.patch import FilePatch, PatchError, UnsafePathError, apply_patch, parse_patch
 from evotrainer.grade.swe_tasks import SweTask
 from evotrainer.sandbox import SandboxError, run_sandboxed, warm
+from evotrainer.sandbox.python_root import PACKAGES, installed_benchmarks
 
 GRADER_VERSION = "2"  # 2: vendored imports refused
 WARM_ENV = "EVOTRAINER_GRADER_WARM"
@@ -363,7 +364,7 @@ class Grader:
             if sb.returncode == _USAGE_ERROR and not sb.timed_out:
                 sb = self._run_warm(cmd[3:], ref, hide, options)
         else:
-            sb = run_sandboxed(cmd, hide=hide, **options)
+            sb = run_sandboxed(cmd, hide=[*hide, *installed_benchmarks()], root=PACKAGES, **options)
         return _decide(task, sb, junit, flags, notes, start)
 
     def _run_warm(self, args: list[str], ref: _Reference, hide: list[Path], options: dict[str, Any]):
