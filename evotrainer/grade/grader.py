@@ -19,8 +19,10 @@ For one (task, model_patch):
    tox.ini and pyproject.toml only when the change mentions pytest settings; otherwise
    `config_restored`). Added lines of source code that reach into pytest or the test's frames
    (`_pytest`, `TestReport`, `f_back`, `os._exit`, a test file's name, ...) flag `tampering` too.
-3. pytest runs in the sandbox on the target tests' files, `-p no:cacheprovider`, plugin
-   autoload off, with our guard plugin (selects the targets, hides test sources from the code,
+3. pytest runs in the sandbox, chrooted in a root that holds the interpreter, its installed
+   packages (benchmark packages covered) and the run's folder, and nothing else of the host
+   (sandbox/python_root.py `PACKAGES`; the warm path's zygote lives in the same root), on the
+   target tests' files, `-p no:cacheprovider`, plugin autoload off, with our guard plugin (selects the targets, hides test sources from the code,
    keeps its own record: see guard_plugin.py) and `--junitxml` in a folder outside the repo
    copy whose name is random and which the code cannot list.
 4. The per-test status comes from the junit XML, not stdout. Resolved needs: every FAIL_TO_PASS

@@ -7,7 +7,9 @@ gets what `run_sandboxed` gives a command, made the same way here (a fresh copy 
 `files`, `home/`, `tmp/`, `aux-<random>/`, `out-<random>/`, a scrubbed environment, a pids cgroup
 and a fresh uid) and in the zygote (new mount, pid and network namespaces of its own, private
 /tmp, the run's `hide` paths and the protected ones covered, rlimits, the uid, no_new_privs; see
-zygote.py). It returns the same `SandboxResult`, with `isolation["warm"]`. One zygote serves
+zygote.py). The zygote itself is chrooted in the root a cold `root=PACKAGES` run gets
+(python_root.py: the interpreter and its packages, installed benchmarks covered, and the zygote's
+own folder, which holds every run's files), so no run reads the host's other files. It returns the same `SandboxResult`, with `isolation["warm"]`. One zygote serves
 every repository: what a run must not see is hidden in that run's own mount namespace.
 
 Why the zygote stays root inside its namespaces: every run needs a uid of its own (so that
