@@ -22,9 +22,10 @@ For one (task, model_patch):
 3. pytest runs in the sandbox, chrooted in a root that holds the interpreter, its installed
    packages (benchmark packages covered) and the run's folder, and nothing else of the host
    (sandbox/python_root.py `PACKAGES`; the warm path's zygote lives in the same root), on the
-   target tests' files, `-p no:cacheprovider`, plugin autoload off, with our guard plugin (selects the targets, hides test sources from the code,
-   keeps its own record: see guard_plugin.py) and `--junitxml` in a folder outside the repo
-   copy whose name is random and which the code cannot list.
+   target tests' files, `-p no:cacheprovider`, plugin autoload off, with our guard plugin
+   (selects the targets, hides test sources from the code, keeps its own record: see
+   guard_plugin.py) and `--junitxml` in a folder outside the repo copy whose name is random and
+   which the code cannot list.
 4. The per-test status comes from the junit XML, not stdout. Resolved needs: every FAIL_TO_PASS
    and PASS_TO_PASS test passed in the XML, the guard's record agreeing test by test, and pytest's
    exit code 0. A collection error, a missing or skipped test is a failure; a missing XML,
