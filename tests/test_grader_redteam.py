@@ -325,13 +325,23 @@ def test_reading_hidden_tests_through_a_shell(grader, task):
 
 # The scaffold's probes (the same attacks on the same root): each `probe()` says whether it found
 # what it looks for. The patched `add` adds only when it did, so the verdict shows what the probe saw.
-HOST_PROBES = ("etc_passwd", "list_root", "repo_files", "site_packages_benchmark", "proc_environ")
+HOST_PROBES = ("etc_passwd", "list_root", "repo_files", "site_packages_benchmark", "proc_environ", "zygote_folder")
+
+
+# One of our own, for the warm path: the zygote's root holds its own folder (its script, every
+# grade's copy, the pids cgroups): from the copy, look for the zygote's script, another grade's
+# folder or any cgroup.
+ZYGOTE_FOLDER = ("import glob, os\ndef probe():\n    up = os.path.dirname(os.getcwd())\n"
+                 "    found = glob.glob('/tmp/**/zygote.py', recursive=True) + glob.glob(up + '/*/cgroup.procs')\n"
+                 "    found += glob.glob(up + '/cgroups/*') + glob.glob('/sys/fs/cgroup/*')\n"
+                 "    try:\n        names = os.listdir(up)\n    except OSError:\n        names = []\n"
+                 "    return bool(found) or len([n for n in names if n.startswith('job-')]) > 1\n")
 
 
 def probing_patch(name: str) -> str:
     from tests.test_scaffold_redteam import PROBES
 
-    body = PROBES[name] + "\n\ndef add(a, b):\n    return a + b if probe() else a - b\n"
+    body = {**PROBES, "zygote_folder": ZYGOTE_FOLDER}[name] + "\n\ndef add(a, b):\n    return a + b if probe() else a - b\n"
     return calc_patch(body + CALC.split("\n\n\n", 1)[1])
 
 
