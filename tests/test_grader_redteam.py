@@ -320,6 +320,74 @@ def test_reading_hidden_tests_through_a_shell(grader, task):
     assert result.per_test[F2P[1]] != "passed"
 
 
+# ---------------------------------------------------------------- reading the host
+
+
+# The scaffold's probes (the same attacks on the same root): each `probe()` says whether it found
+# what it looks for. The patched `add` adds only when it did, so the verdict shows what the probe saw.
+HOST_PROBES = ("etc_passwd", "list_root", "repo_files", "site_packages_benchmark", "proc_environ", "zygote_folder")
+
+
+# One of our own, for the warm path: the zygote's root holds its own folder (its script, every
+# grade's copy, the pids cgroups): from the copy, look for the zygote's script, another grade's
+# folder or any cgroup.
+ZYGOTE_FOLDER = ("import glob, os\ndef probe():\n    up = os.path.dirname(os.getcwd())\n"
+                 "    found = glob.glob('/tmp/**/zygote.py', recursive=True) + glob.glob(up + '/*/cgroup.procs')\n"
+                 "    found += glob.glob(up + '/cgroups/*') + glob.glob('/sys/fs/cgroup/*')\n"
+                 "    try:\n        names = os.listdir(up)\n    except OSError:\n        names = []\n"
+                 "    return bool(found) or len([n for n in names if n.startswith('job-')]) > 1\n")
+
+
+def probing_patch(name: str) -> str:
+    from tests.test_scaffold_redteam import PROBES
+
+    body = {**PROBES, "zygote_folder": ZYGOTE_FOLDER}[name] + "\n\ndef add(a, b):\n    return a + b if probe() else a - b\n"
+    return calc_patch(body + CALC.split("\n\n\n", 1)[1])
+
+
+def _needs_benchmark(name: str) -> None:
+    from evotrainer.sandbox.python_root import installed_benchmarks
+
+    if name == "site_packages_benchmark" and not any("bfcl_eval" in p for p in installed_benchmarks()):
+        pytest.skip("no benchmark installed as a package here")
+
+
+@pytest.mark.parametrize("name", HOST_PROBES)
+def test_the_patched_code_reads_nothing_of_the_host(grader, task, name, monkeypatch):
+    """The patch's code runs in the grade's own root (the interpreter and its packages, the copy):
+    a probe that found the host would make `add` right; it ran (test_sub passed, nothing errored)
+    and found nothing."""
+    _needs_benchmark(name)
+    from tests.test_scaffold_redteam import SECRET
+
+    monkeypatch.setenv("EVO_REDTEAM_SECRET", SECRET)  # in this process's environment, for proc_environ
+    result = graded(grader, task, probing_patch(name))
+    assert result.outcome.kind == "wrong", result.log
+    assert result.per_test == {F2P[0]: "failed", F2P[1]: "failed", P2P[0]: "passed"}, result.log
+
+
+@pytest.mark.parametrize("name", ("etc_passwd", "list_root", "repo_files", "site_packages_benchmark"))
+def test_the_host_probes_reach_the_host_without_the_root(grader, task, name, grading_path, monkeypatch):
+    """The control: the cold path's sandbox as it was (no root, installed benchmarks not hidden)
+    lets each probe find the host, and the patch resolves the task."""
+    if grading_path == "warm":
+        pytest.skip("the control replaces the cold path's run_sandboxed")
+    _needs_benchmark(name)
+    import evotrainer.grade.grader as grader_module
+    from evotrainer.sandbox.python_root import installed_benchmarks
+
+    real, benchmarks = grader_module.run_sandboxed, set(installed_benchmarks())
+
+    def unrooted(cmd, **kw):
+        kw.pop("root", None)
+        kw["hide"] = [h for h in kw.get("hide", ()) if str(h) not in benchmarks]
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(grader_module, "run_sandboxed", unrooted)
+    result = grader.grade(task, probing_patch(name))
+    assert result.outcome.success, result.log
+
+
 # ---------------------------------------------------------------- resource attacks
 
 

@@ -19,10 +19,13 @@ For one (task, model_patch):
    tox.ini and pyproject.toml only when the change mentions pytest settings; otherwise
    `config_restored`). Added lines of source code that reach into pytest or the test's frames
    (`_pytest`, `TestReport`, `f_back`, `os._exit`, a test file's name, ...) flag `tampering` too.
-3. pytest runs in the sandbox on the target tests' files, `-p no:cacheprovider`, plugin
-   autoload off, with our guard plugin (selects the targets, hides test sources from the code,
-   keeps its own record: see guard_plugin.py) and `--junitxml` in a folder outside the repo
-   copy whose name is random and which the code cannot list.
+3. pytest runs in the sandbox, chrooted in a root that holds the interpreter, its installed
+   packages (benchmark packages covered) and the run's folder, and nothing else of the host
+   (sandbox/python_root.py `PACKAGES`; the warm path's zygote lives in the same root), on the
+   target tests' files, `-p no:cacheprovider`, plugin autoload off, with our guard plugin
+   (selects the targets, hides test sources from the code, keeps its own record: see
+   guard_plugin.py) and `--junitxml` in a folder outside the repo copy whose name is random and
+   which the code cannot list.
 4. The per-test status comes from the junit XML, not stdout. Resolved needs: every FAIL_TO_PASS
    and PASS_TO_PASS test passed in the XML, the guard's record agreeing test by test, and pytest's
    exit code 0. A collection error, a missing or skipped test is a failure; a missing XML,
@@ -55,6 +58,7 @@ from evotrainer.grade.cache import GradeCache
 from evotrainer.grade.patch import FilePatch, PatchError, UnsafePathError, apply_patch, parse_patch
 from evotrainer.grade.swe_tasks import SweTask
 from evotrainer.sandbox import SandboxError, run_sandboxed, warm
+from evotrainer.sandbox.python_root import PACKAGES, installed_benchmarks
 
 GRADER_VERSION = "2"  # 2: vendored imports refused
 WARM_ENV = "EVOTRAINER_GRADER_WARM"
@@ -363,7 +367,7 @@ class Grader:
             if sb.returncode == _USAGE_ERROR and not sb.timed_out:
                 sb = self._run_warm(cmd[3:], ref, hide, options)
         else:
-            sb = run_sandboxed(cmd, hide=hide, **options)
+            sb = run_sandboxed(cmd, hide=[*hide, *installed_benchmarks()], root=PACKAGES, **options)
         return _decide(task, sb, junit, flags, notes, start)
 
     def _run_warm(self, args: list[str], ref: _Reference, hide: list[Path], options: dict[str, Any]):

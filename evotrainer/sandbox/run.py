@@ -38,7 +38,8 @@ network, /tmp, the process list) with the host. No seccomp filter here: seccomp.
 Python workers that need no processes (the harness workers, evotrainer/harness/sandbox_launch.py,
 which also run in the launcher's minimal-root mode instead of `hide`). With `root=` a Python
 command gets that mode too: a fresh root with the interpreter and what it needs, and nothing else
-of the host (python_root.py; code checks and user checks use it).
+of the host (python_root.py; code checks, user checks, the agent scaffold's and the SWE grader's
+pytest runs use it).
 
 Layout: this module is the runner (the copy, supervision, the result); launcher.py starts the
 command inside its isolation; processes.py counts, contains and kills its processes.

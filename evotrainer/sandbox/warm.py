@@ -7,7 +7,9 @@ gets what `run_sandboxed` gives a command, made the same way here (a fresh copy 
 `files`, `home/`, `tmp/`, `aux-<random>/`, `out-<random>/`, a scrubbed environment, a pids cgroup
 and a fresh uid) and in the zygote (new mount, pid and network namespaces of its own, private
 /tmp, the run's `hide` paths and the protected ones covered, rlimits, the uid, no_new_privs; see
-zygote.py). It returns the same `SandboxResult`, with `isolation["warm"]`. One zygote serves
+zygote.py). The zygote itself is chrooted in the root a cold `root=PACKAGES` run gets
+(python_root.py: the interpreter and its packages, installed benchmarks covered, and the zygote's
+own folder, which holds every run's files), so no run reads the host's other files. It returns the same `SandboxResult`, with `isolation["warm"]`. One zygote serves
 every repository: what a run must not see is hidden in that run's own mount namespace.
 
 Why the zygote stays root inside its namespaces: every run needs a uid of its own (so that
@@ -41,9 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.errors import SandboxError
-from evotrainer.sandbox.launcher import _covers, _launcher_config, _limits, _python_paths, _scrubbed_env, _start
-from evotrainer.sandbox.processes import _fresh_uid, _make_cgroup, _remove_cgroup, _sweep
+from evotrainer.sandbox.launcher import _launcher_config, _limits, _python_paths, _scrubbed_env, _start
+from evotrainer.sandbox.processes import _cgroup_base, _fresh_uid, _make_cgroup, _remove_cgroup, _sweep
 from evotrainer.sandbox.protected import protected
+from evotrainer.sandbox.python_root import PACKAGES, installed_benchmarks, python_root
 from evotrainer.sandbox.run import (
     OUTPUT_CAP,
     SandboxResult,
@@ -81,6 +84,7 @@ class WarmPytest:
         self._support = isolation_support()
         self.work = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-warm-"))
         self._buf = b""
+        self.mountpoint: Path | None = None
         try:
             os.chmod(self.work, 0o711)
             aux = self.work / f"aux-{secrets.token_hex(8)}"
@@ -94,14 +98,24 @@ class WarmPytest:
             if exe is None:
                 raise SandboxError(f"python not found: {python}")
             env = _scrubbed_env(self.work / "home", self.work / "tmp", {})
+            # The zygote and every run live in the root a cold `root=PACKAGES` run gets: the
+            # interpreter with its packages (installed benchmarks covered) and this folder (the
+            # zygote's script, every job's copy, aux and out folders, the fixed path), with the
+            # pids cgroups bound inside it at `cgroups/` (a run covers them, see zygote.py `supervise`).
+            self._cgroup_base = _cgroup_base() if self._support["cgroup_pids"] else None
+            self._cgroups = self.work / "cgroups"
+            self.mountpoint = Path(tempfile.mkdtemp(prefix=f"evo-sbx-{os.getpid()}-warmroot-"))
+            exe, binds = python_root(exe, PACKAGES, str(self.work),
+                                     [*_hideable(protected(), self.work, exe), *installed_benchmarks()])
+            if self._cgroup_base is not None:
+                self._cgroups.mkdir(mode=0o700)
+                binds.append([str(self._cgroup_base), str(self._cgroups), "rw"])
             cfg = _launcher_config(
                 [exe, "-s", str(aux / "zygote.py")], self.work, self.work, env, None, _limits(10**7, 1 << 16, 64, 1 << 16),
                 netns=self._support["netns"], mountns=True, pidns=True, cgroup=None,
-                hide=_hideable(protected(), self.work, exe), exe=exe)
+                hide=[], exe=exe, root={"dir": str(self.mountpoint), "binds": binds})
             # The runs drop to a fresh uid: like a cold run's, they must reach the interpreter.
-            cfg["expose"] = _python_paths(exe)
-            cfg["cover"] = _covers(cfg["expose"])
-            self._expose = cfg["expose"]
+            self._expose = _python_paths(exe)
             self._exe = exe
             self.proc, status = _start(cfg, self.work, with_stdin=True)
             if status.get("error"):
@@ -164,10 +178,12 @@ class WarmPytest:
                         "trusted": sorted(t for t in trusted if (repo / t).is_file() and not (repo / t).is_symlink()), "args": [_fill(a, paths) for a in args],
                         "env": env, "uid": uid, "nproc": nproc, "timeout_s": timeout_s,
                         "limits": _limits(cpu_s or max(1, int(timeout_s) + 1), mem_mb, fsize_mb, nproc),
-                        "cgroup": str(cgroup) if cgroup else None, "expose": self._expose,
+                        "cgroup": str(self._cgroups / cgroup.relative_to(self._cgroup_base)) if cgroup else None,
+                        "expose": self._expose,
                         "tmpfs_mb": max(16, fsize_mb),
                         "preload": sorted(set(preload)), "task": task_key,
-                        "hide": _hideable([*hide, *protected()], self.work, self._exe)})
+                        "hide": _hideable([*hide, *protected(), *([self._cgroups] if cgroup else [])],
+                                          self.work, self._exe)})
             reply = self._receive(start + timeout_s + _REPLY_GRACE_S)
             if not isinstance(reply, dict) or "error" in reply or "returncode" not in reply:
                 self.close()
@@ -211,6 +227,8 @@ class WarmPytest:
                 except OSError:
                     pass
         _rmtree(self.work)
+        if getattr(self, "mountpoint", None) is not None:
+            _rmtree(self.mountpoint)
 
     # ---------------------------------------------------------------- the line protocol
 

@@ -379,6 +379,10 @@ def supervise(job):
     if libc.unshare(NEWNS | NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     mount(None, "/", None, REC | PRIV)
+    # The pids cgroup is reached through a descriptor: its folder is covered below (the private
+    # /tmp, the hidden paths; the run must not list the other runs' cgroups), and P1 closes it
+    # before T starts.
+    cgfd = os.open(job["cgroup"], os.O_PATH | os.O_DIRECTORY) if job.get("cgroup") else None
     keep = [(p, os.open(p, os.O_PATH)) for p in [job["dir"], *job["expose"]]
             if any(p == d or p.startswith(d + "/") for d in PRIVATE_TMP)]
     for d in PRIVATE_TMP:
@@ -399,12 +403,12 @@ def supervise(job):
     p1 = os.fork()
     if p1 == 0:
         try:
-            os._exit(init(job))
+            os._exit(init(job, cgfd))
         finally:
             os._exit(71)
     timed_out = over_budget = False
     deadline = start + job["timeout_s"]
-    uid, nproc, cgroup = job["uid"], job["nproc"], job.get("cgroup")
+    uid, nproc = job["uid"], job["nproc"]
     try:
         pidfd = os.pidfd_open(p1)
     except (AttributeError, OSError):
@@ -418,7 +422,7 @@ def supervise(job):
             break
         if time.monotonic() > deadline:
             timed_out = True
-        elif count(uid, cgroup) >= nproc:
+        elif count(uid, cgfd) >= nproc:
             over_budget = True
         if timed_out or over_budget:
             os.kill(p1, signal.SIGKILL)
@@ -439,13 +443,13 @@ def supervise(job):
             "killed": timed_out or over_budget or leftover, "duration_s": time.monotonic() - start,
             "cpu_s": usage.ru_utime + usage.ru_stime if usage else None,
             "isolation": {"warm": True, "mountns": True, "pidns": True,
-                          "uid": uid, "no_new_privs": True, "cgroup": bool(cgroup)}}
+                          "uid": uid, "no_new_privs": True, "cgroup": cgfd is not None}}
 
 
-def count(uid, cgroup):
-    if cgroup:
+def count(uid, cgfd):
+    if cgfd is not None:
         try:
-            with open(os.path.join(cgroup, "pids.current")) as f:
+            with open(os.open("pids.current", os.O_RDONLY, dir_fd=cgfd)) as f:
                 return int(f.read()) - 1  # P1
         except (OSError, ValueError):
             pass
@@ -485,12 +489,13 @@ def sweep(uid):
     return found
 
 
-def init(job):
+def init(job, cgfd):
     """P1: pid 1 of the job's namespace. Reaps every orphan; exits with T's status."""
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if job.get("cgroup"):
-        with open(os.path.join(job["cgroup"], "cgroup.procs"), "w") as f:
+    if cgfd is not None:
+        with open(os.open("cgroup.procs", os.O_WRONLY, dir_fd=cgfd), "w") as f:
             f.write(str(os.getpid()))
+        os.close(cgfd)
     mount("proc", "/proc", "proc", NOSUID | NODEV | 8)
     t = os.fork()
     if t == 0:
