@@ -17,7 +17,7 @@ def main() -> None:
     src = dict(read_sources(HARNESSES_DIR / "math"))
     r = Rollout(id="a", task_id="t", group_id="g", domain="math", prompt="p", completion="Answer: 4", turns=(),
                 outcome=Outcome(True, 1.0, "ok", ()), num_tokens=3, truncated=False, meta={})
-    one = (["candidate"], [rollout_to_dict(r)])
+    one = ([0], [rollout_to_dict(r)])
     for workers in (1, 2):
         starts, calls = [], []
         for _ in range(3):

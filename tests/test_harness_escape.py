@@ -371,8 +371,8 @@ def reward(rollout):
     r = make_rollout("a", task_id="t", prompt="p", completion="c", success=True, num_tokens=3)
     with SandboxPool([("candidate", {**SEED, "reward.py": reward})], RewardJob(), 1) as pool:
         assert pool.isolation["seccomp"] and pool.isolation["root"] and pool.isolation["netns"]
-        (_, out), = pool.imap([(["candidate"], [rollout_to_dict(r)])])
-    return out["candidate"][0]
+        (_, out), = pool.imap([([0], [rollout_to_dict(r)])])
+    return out[0][0]
 
 
 def test_worker_environment_holds_no_secrets(monkeypatch):
@@ -571,5 +571,5 @@ def reward(rollout):
     r = make_rollout("a", task_id="t", prompt="p", completion="c", success=True, num_tokens=3)
     with pytest.raises(CandidateFailure) as failure:
         with SandboxPool([("candidate", {**SEED, "reward.py": reward})], RewardJob(), 1) as pool:
-            list(pool.imap([(["candidate"], [rollout_to_dict(r)])]))
+            list(pool.imap([([0], [rollout_to_dict(r)])]))
     assert failure.value.harness == "candidate"

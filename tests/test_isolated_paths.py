@@ -243,7 +243,7 @@ def test_rules_agent_load_check_runs_the_payload_only_in_the_sandbox(tmp_path, l
     sources = hostile_sources(marker, listener.port)
     agent = RulesAgent()
     skill = SkillLibrary.load(tmp_path).get("partial-credit-format")
-    proposal = agent._render(skill, {"weight": 0.1}, sources, "dead groups")
+    proposal = agent._render(skill, {"weight": 0.1}, sources, "dead groups", "dead_group_ratio")
     assert proposal is None  # refused: loading it attempted a write
     assert not marker.exists() and listener.hits == 0
 

@@ -141,7 +141,7 @@ def _pool_failure(seed, body: str) -> CandidateFailure:
     with pytest.raises(CandidateFailure) as failure:
         # generous: writing 15 MiB waits for the parent to read it, on a machine others share
         with SandboxPool([("candidate", sources)], RewardJob(), 1, SandboxLimits(call_timeout_s=120.0)) as pool:
-            list(pool.imap([(["candidate"], [_rollout_dict()])]))
+            list(pool.imap([([0], [_rollout_dict()])]))
     assert failure.value.harness == "candidate"
     return failure.value
 

@@ -28,16 +28,18 @@ BATCH = 250
 
 @dataclass(frozen=True)
 class RewardJob:
-    """In a worker: the training reward of every rollout of a batch under the named harnesses."""
+    """In a worker: the training reward of every rollout of a batch under the harnesses at the
+    given slots (their order in the pool). Slots, not labels: inside a worker the harnesses go by
+    names that say nothing of the job (harness/sandbox_pool.py inner_labels)."""
 
     def open(self, trusted_io: Callable[[], AbstractContextManager[None]]) -> None:
         return None
 
-    def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> dict[str, list[float]]:
-        labels, dicts = message
+    def run(self, state: None, harnesses: Mapping[str, Any], message: tuple) -> list[list[float]]:
+        slots, dicts = message
+        held = list(harnesses.values())
         rollouts = [rollout_from_dict(d) for d in dicts]
-        return {label: [float(harnesses[label].training_reward(harnesses[label].reward(r))) for r in rollouts]
-                for label in labels}
+        return [[float(held[s].training_reward(held[s].reward(r))) for r in rollouts] for s in slots]
 
 
 def _sample(store: Store, selector: dict) -> list[Rollout]:
@@ -52,8 +54,9 @@ def _sample(store: Store, selector: dict) -> list[Rollout]:
 
 def _score(repo: HarnessRepo, shas: list[str], work: list[tuple[list[str], list[Rollout]]]) -> list[dict]:
     sides = [(sha, repo.sources(sha)) for sha in shas]
-    messages = [(labels, [rollout_to_dict(r) for r in rollouts[i:i + BATCH]]) for labels, rollouts in work
-                for i in range(0, len(rollouts), BATCH)]
+    slot = {sha: i for i, sha in enumerate(shas)}
+    messages = [([slot[label] for label in labels], [rollout_to_dict(r) for r in rollouts[i:i + BATCH]])
+                for labels, rollouts in work for i in range(0, len(rollouts), BATCH)]
     replies: list[Any] = [None] * len(messages)
     with SandboxPool(sides, RewardJob(), 1, SandboxLimits(load_timeout_s=30.0, message_timeout_s=120.0)) as pool:
         for i, reply in pool.imap(messages):
@@ -63,8 +66,8 @@ def _score(repo: HarnessRepo, shas: list[str], work: list[tuple[list[str], list[
     for labels, rollouts in work:
         merged: dict[str, list[float]] = {label: [] for label in labels}
         for _ in range(0, len(rollouts), BATCH):
-            for label in labels:
-                merged[label] += [float(x) for x in replies[k][label]]
+            for j, label in enumerate(labels):
+                merged[label] += [float(x) for x in replies[k][j]]
             k += 1
         out.append(merged)
     return out
