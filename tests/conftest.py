@@ -37,6 +37,13 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
+# An xdist worker's environment says COLUMNS=80 and LINES=24 (execnet sets them): our consoles
+# and the commands the tests start would then lay out for an 80-column terminal, which no run
+# outside xdist does. Tests that want a width set COLUMNS themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("COLUMNS", "LINES"):
+        os.environ.pop(_var, None)
+
 
 def pytest_collection_modifyitems(config, items):
     """Under xdist, the longest tests first. Each worker takes the next test as it frees up, so a

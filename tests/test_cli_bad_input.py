@@ -74,6 +74,7 @@ CASES: dict[str, list[list[str]]] = {
     "mcp": [["--workdir", "{missing}"], ["--workdir", "{ws}"],  # no coevolve.json to say which round
             ["--workdir", "{ws}", "--max-calls", "0"]],
     "tasks frontier": [["--workdir", "{missing}"], ["--workdir", "{tmp}", "--domain", "swe"]],
+    "export verl": [["--workdir", "{missing}"], ["--workdir", "{ws}", "--rev", "no-such-rev", "-o", "{tmp}/r.py"]],
 }
 
 # Imports the CLI once, then per job: fork, take the job's cwd, stdout and stderr, run the module

@@ -12,6 +12,7 @@ import pytest
 from llm_server import ChatServer
 from test_coevolve import plain_config, seed_round  # tests/ is on sys.path
 
+from evotrainer.backtest.gate import targets_from_trailer
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.propose.base import Evidence
 from evotrainer.propose.llm_tools import ENDINGS, FINISH, LLMToolAgent
@@ -101,7 +102,10 @@ def test_a_scripted_round_becomes_the_loops_candidate_and_is_promoted(loop, serv
     loop.stage_propose(state)
 
     [cand] = state.candidates
-    assert (cand.branch, cand.slug, cand.targets) == (branch, "pcf", "dead_group_ratio")
+    assert (cand.branch, cand.slug) == (branch, "pcf")
+    # The agent named dead_group_ratio; the targets are the evidence's (diagnose/targets.py): the
+    # metrics that judge the alerts it answers, dead_group_ratio among them.
+    assert "dead_group_ratio" in targets_from_trailer(cand.targets), cand.targets
     requests = server.completions()
     assert len(requests) == 6 and not server.replies
     first = requests[0]

@@ -21,6 +21,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from test_agent_tools import CANDIDATE, _row  # tests/ is on sys.path
 from test_coevolve import plain_config, seed_round
 
+from evotrainer.backtest.gate import targets_from_trailer
 from evotrainer.coevolve import Coevolution, RunState
 from evotrainer.propose.external import playbook_path, session_path
 from evotrainer.skills import SkillLibrary
@@ -131,7 +132,9 @@ def test_an_external_agent_drives_a_round_and_the_gate_promotes_it(tmp_path):
     assert not waiting.is_alive()
     assert loop.repo.resolve("main") == main_before  # the agent promoted nothing
     assert [c.branch for c in state.candidates] == ["candidate/0-pcf"]
-    assert state.candidates[0].targets == CANDIDATE["targets"] and state.candidates[0].backtest is None
+    # the targets are the evidence's (diagnose/targets.py), the agent's own among them
+    assert CANDIDATE["targets"] in targets_from_trailer(state.candidates[0].targets)
+    assert state.candidates[0].backtest is None
     # The one submission reaches the limit: the loop may stop waiting then, or on finish_round.
     assert state.agent["outcome"] in ("finished", "submit_limit") and state.agent["taken"] == ["candidate/0-pcf"]
     assert RunState.load(loop.state_path).agent == state.agent  # saved: a resumed round keeps it

@@ -23,12 +23,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
-
 from evotrainer.api import SOURCE_REPORTED, Outcome, Rollout
 from evotrainer.errors import UserError
 from evotrainer.integrations.scoring import task_key
-from evotrainer.store import ImportRefused, Store, StoredRollout
+from evotrainer.store import Store, StoredRollout
+from evotrainer.store.jsonl import add_or_refuse
 from evotrainer.store.line_checks import check_columns
 
 SOURCES = ("verl", "verifiers", "trl")
@@ -270,10 +269,7 @@ def add_converted(store: Store, done: Converted, target: Target) -> int:
     """Store converted rollouts in `target`, all or none; SourceErrors for any already stored."""
     check_new(store, done)
     store.upsert_tasks(done.policy.domain, done.tasks)
-    try:
-        return store.add_rollouts([replace(sr, run_id=target.run_id, round_id=target.round_id) for _, _, sr in done.rows])
-    except DBAPIError as exc:  # rolled back whole; said without its SQL or values
-        raise ImportRefused(exc) from exc
+    return add_or_refuse(store, [replace(sr, run_id=target.run_id, round_id=target.round_id) for _, _, sr in done.rows])
 
 
 def store_converted(store: Store, done: Converted, round_index: int | None = None) -> Imported:

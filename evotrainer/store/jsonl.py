@@ -51,6 +51,15 @@ class ImportRefused(EvotrainerError):
         super().__init__(f"{self.kind}: {self.message}")
 
 
+def add_or_refuse(store: Store, rows: list[StoredRollout]) -> int:
+    """Store `rows` in one transaction; a refusal of the database is ImportRefused (rolled back
+    whole, said without its SQL or values)."""
+    try:
+        return store.add_rollouts(rows)
+    except DBAPIError as exc:
+        raise ImportRefused(exc) from exc
+
+
 def to_export_dict(sr: StoredRollout) -> dict[str, Any]:
     data = rollout_to_dict(sr.rollout)
     data["meta"][TRAIN_KEY] = {
