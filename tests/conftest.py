@@ -9,9 +9,19 @@ ever must (a fixed port, one folder) can carry `@pytest.mark.xdist_group("name")
 """
 
 import os
+import sys
+import types
 from pathlib import Path
 
 import pytest
+
+# `from tests.x import ...` means this folder. It is a namespace package, and a regular package
+# named `tests` in site-packages wins over one (verl's wheel installs one): name ours first.
+_here = str(Path(__file__).resolve().parent)
+if _here not in list(getattr(sys.modules.get("tests"), "__path__", None) or ()):
+    _tests = types.ModuleType("tests")
+    _tests.__path__ = [_here]
+    sys.modules["tests"] = _tests
 
 
 @pytest.fixture(scope="session")
