@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -287,3 +287,14 @@ def store_records(store: Store, source: str, records: Iterable[Record], *, run: 
     and store nothing."""
     return store_converted(store, convert_records(source, records, run=run, policy=policy, errors=errors),
                            round_index)
+
+
+def read_each(files: Iterable[Path], read: Callable[[Path], tuple[list, list]]) -> tuple[list, list]:
+    """Every record and every error of the files, read one by one with `read` (an engine's reader)."""
+    records: list = []
+    errors: list = []
+    for path in files:
+        got, bad = read(path)
+        records.extend(got)
+        errors.extend(bad)
+    return records, errors

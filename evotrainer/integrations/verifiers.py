@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.errors import UserError
-from evotrainer.integrations.imported import Record, as_text, number, record_error
+from evotrainer.integrations.imported import Record, as_text, number, read_each, record_error
 from evotrainer.store.line_checks import lines, parse
 
 SOURCE = "verifiers"
@@ -94,13 +94,7 @@ def read_results(path: Path) -> tuple[list[Record], list[tuple[str, int, str]]]:
 
 def read_dumps(paths: Sequence[Path]) -> tuple[list[Record], list[tuple[str, int, str]]]:
     """Every record of the results files named (the `rollouts import --from` reader)."""
-    records: list[Record] = []
-    errors: list[tuple[str, int, str]] = []
-    for path in results_files(paths):
-        got, bad = read_results(path)
-        records.extend(got)
-        errors.extend(bad)
-    return records, errors
+    return read_each(results_files(paths), read_results)
 
 
 def harness_rubric(workdir: Path | str, rev: str = "main") -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evotrainer.errors import UserError
-from evotrainer.integrations.imported import Record, number, record_error, text
+from evotrainer.integrations.imported import Record, number, read_each, record_error, text
 from evotrainer.store.line_checks import lines, parse
 
 SOURCE = "verl"
@@ -101,13 +101,7 @@ def read_dump(path: Path) -> tuple[list[Record], list[tuple[str, int, str]]]:
 
 
 def read_dumps(paths: Sequence[Path]) -> tuple[list[Record], list[tuple[str, int, str]]]:
-    records: list[Record] = []
-    errors: list[tuple[str, int, str]] = []
-    for path in dump_files(paths):
-        got, bad = read_dump(path)
-        records.extend(got)
-        errors.extend(bad)
-    return records, errors
+    return read_each(dump_files(paths), read_dump)
 
 
 # ----------------------------------------------------------------------------- out
